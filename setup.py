@@ -1,0 +1,55 @@
+"""Build DPCH: the Cython noise kernel and UDF program (sources in udf/), the dpch package,
+the `dpch` CLI and the `dpch-udf` program that ClickHouse runs as an executable_pool."""
+import os
+import shutil
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class build_py_with_config(build_py):
+    """Ship clickhouse_config/ inside the wheel (dpch/_clickhouse_config) so a non-editable
+    install still finds the UDF XML and SQL functions."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "dpch", "_clickhouse_config")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree("clickhouse_config", target)
+
+
+extensions = [
+    Extension("dpch._noise", ["udf/noise.pyx"], include_dirs=["udf", numpy.get_include()],
+              extra_compile_args=["-O3"]),
+    Extension("dpch._udf_program", ["udf/udf_program.pyx"], include_dirs=["udf", numpy.get_include()],
+              extra_compile_args=["-O3"]),
+]
+
+setup(
+    name="dpch",
+    version="0.1.0",
+    description="Differential Privacy for ClickHouse",
+    python_requires=">=3.10",
+    packages=find_packages(include=["dpch", "dpch.*"]),
+    ext_modules=cythonize(extensions, language_level=3),
+    cmdclass={"build_py": build_py_with_config},
+    install_requires=[
+        "chdb>=4.4",
+        "clickhouse-connect>=0.8",
+        "numpy>=1.26",
+        "pandas>=2.0",
+        "Cython>=3.0",
+        "sqlglot>=25",
+        "scipy>=1.11",
+        "scikit-learn>=1.4",
+        "matplotlib>=3.8",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4"],
+        "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
+    },
+    entry_points={"console_scripts": ["dpch=dpch.cli:main", "dpch-udf=dpch.udf_entry:main"]},
+)
