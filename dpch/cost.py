@@ -1,0 +1,50 @@
+"""What a release costs: the typed currency between the planner, the ledger and the accountants.
+
+A query's plan produces one `MechanismCost` per noisy value it releases (a noisy count, a noisy
+sum, a partition-selection threshold test, ...). The ledger charges the whole `PrivacyCost`
+atomically; each accountant reads the fields its theorem needs:
+- pure-ε filters (the paper, Thm 3) need `sensitivity` and `scale` (S(f)/p) or `epsilon`;
+- (ε, δ) composition needs `epsilon` and `delta`;
+- the paper's Gaussian filter (Thm 5) needs `sensitivity` and `scale` (S(f)/σ);
+- zCDP needs `rho`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MechanismCost:
+    """One noisy release. `kind` is "laplace" (scale = b) or "gaussian" (scale = σ), or
+    "threshold" for private partition selection (charged as (epsilon, delta))."""
+
+    kind: str
+    sensitivity: float  # L1 for Laplace, L2 for Gaussian, including the grid term of docs/NOISE.md
+    scale: float
+    epsilon: float  # the pure/approximate ε this release satisfies on its own
+    delta: float = 0.0
+    rho: float | None = None  # zCDP cost, Gaussian only: sensitivity² / (2 scale²)
+    label: str = ""  # e.g. "SUM(amount)"; never a data value
+
+
+@dataclass(frozen=True)
+class PrivacyCost:
+    """The cost of one query: its mechanisms, composed by the accountant of the budget."""
+
+    mechanisms: tuple[MechanismCost, ...] = field(default_factory=tuple)
+
+    @property
+    def epsilon(self) -> float:
+        """Basic composition of the parts (Dwork & Roth Thm 3.16)."""
+        return sum(m.epsilon for m in self.mechanisms)
+
+    @property
+    def delta(self) -> float:
+        return sum(m.delta for m in self.mechanisms)
+
+    @property
+    def rho(self) -> float | None:
+        """zCDP composes additively (Bun & Steinke 2016, Lemma 2.3); None if any part is not Gaussian."""
+        if not self.mechanisms or any(m.rho is None for m in self.mechanisms):
+            return None
+        return sum(m.rho for m in self.mechanisms)  # type: ignore[misc]
