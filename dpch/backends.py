@@ -1,0 +1,147 @@
+"""Execution backends: the embedded ClickHouse engine (chDB) and ClickHouse servers
+(clickhouse-connect). Both take SQL text and return pandas DataFrames; nothing in this module adds
+or removes privacy, it only runs what the caller built."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+
+from .config import prepare_embedded_udf_dir, sql_function_definitions
+from .errors import BackendError
+
+
+class Backend(Protocol):
+    kind: str  # "embedded" or "server"
+
+    def query_df(self, sql: str) -> pd.DataFrame: ...
+
+    def command(self, sql: str) -> None: ...
+
+    def insert_df(self, table: str, df: pd.DataFrame) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _install_sql_functions(run) -> None:
+    for name, statement in sql_function_definitions():
+        run(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+
+
+class EmbeddedBackend:
+    """chDB in a data directory. One process can hold one chDB store at a time (see DESIGN.md), so
+    sessions are shared per path and refcounted; statements are serialised with a lock."""
+
+    kind = "embedded"
+    _open: dict[Path, "EmbeddedBackend"] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, data_dir: Path):
+        from chdb import session as chdb_session
+
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        udf_dir = prepare_embedded_udf_dir(data_dir)
+        self._lock = threading.RLock()
+        self._refs = 0
+        try:
+            self._session = chdb_session.Session(f"{data_dir / 'store'}?udf_path={udf_dir}")
+        except Exception as exc:  # e.g. another process holds this store
+            raise BackendError(f"cannot open the embedded engine at {data_dir}: {exc}") from exc
+        _install_sql_functions(self.command)
+
+    @classmethod
+    def open(cls, data_dir: Path) -> "EmbeddedBackend":
+        data_dir = data_dir.resolve()
+        with cls._registry_lock:
+            backend = cls._open.get(data_dir)
+            if backend is None:
+                if cls._open:
+                    other = next(iter(cls._open))
+                    raise BackendError(
+                        f"this process already has the embedded engine open at {other}; "
+                        "close that connection first (chDB holds one store per process)")
+                backend = cls(data_dir)
+                cls._open[data_dir] = backend
+            backend._refs += 1
+            return backend
+
+    def _run(self, sql: str, fmt: str):
+        with self._lock:
+            try:
+                return self._session.query(sql, fmt)
+            except Exception as exc:
+                raise BackendError(str(exc)) from exc
+
+    def query_df(self, sql: str) -> pd.DataFrame:
+        return self._run(sql, "DataFrame")
+
+    def command(self, sql: str) -> None:
+        self._run(sql, "CSV")
+
+    def insert_df(self, table: str, df: pd.DataFrame) -> None:
+        with self._lock:
+            try:
+                # chDB resolves Python(name) from the calling frame: bind the frame variable here.
+                __dpch_insert_df = df  # noqa: F841
+                self._session.query(f"INSERT INTO {table} SELECT * FROM Python(__dpch_insert_df)", "CSV")
+            except Exception as exc:
+                raise BackendError(str(exc)) from exc
+
+    def close(self) -> None:
+        with self._registry_lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            self._open.pop(self.data_dir, None)
+            with self._lock:
+                self._session.close()
+
+
+@dataclass
+class ServerBackend:
+    """A ClickHouse server through clickhouse-connect (HTTP). The server must have
+    clickhouse_config deployed (see README, "Server deployment")."""
+
+    url: str
+    user: str = "default"
+    password: str = ""
+    database: str = "default"
+    kind: str = "server"
+
+    def __post_init__(self):
+        import clickhouse_connect
+
+        try:
+            self._client = clickhouse_connect.get_client(
+                dsn=self.url, username=self.user, password=self.password, database=self.database)
+        except Exception as exc:
+            raise BackendError(f"cannot connect to ClickHouse server {self.url}: {exc}") from exc
+
+    def query_df(self, sql: str) -> pd.DataFrame:
+        try:
+            return self._client.query_df(sql)
+        except Exception as exc:
+            raise BackendError(str(exc)) from exc
+
+    def command(self, sql: str) -> None:
+        try:
+            self._client.command(sql)
+        except Exception as exc:
+            raise BackendError(str(exc)) from exc
+
+    def insert_df(self, table: str, df: pd.DataFrame) -> None:
+        try:
+            self._client.insert_df(table, df)
+        except Exception as exc:
+            raise BackendError(str(exc)) from exc
+
+    def install_sql_functions(self) -> None:
+        """Create (or replace) the dp_* SQL functions on the server. Admin only."""
+        _install_sql_functions(self.command)
+
+    def close(self) -> None:
+        self._client.close()

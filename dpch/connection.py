@@ -1,0 +1,115 @@
+"""`dpch.connect()`: one object per analyst session, holding the engine, the privacy catalog and the
+budget ledger.
+
+- `raw_query(sql)` is the trusted passthrough: SQL runs as written (the `dp_*` SQL functions work,
+  so do raw reads). It has no ledger and no privacy guarantee beyond what the SQL itself computes.
+- `query(sql, epsilon=...)` is the budget-enforcing path (parse → bind → plan → charge → rewrite →
+  execute → post-process), built by the controller.
+"""
+from __future__ import annotations
+
+import getpass
+from pathlib import Path
+
+import pandas as pd
+
+from .backends import Backend, EmbeddedBackend, ServerBackend
+from .config import default_data_dir
+
+
+class Connection:
+    def __init__(self, backend: Backend, *, analyst: str, data_dir: Path, ledger_path: Path | None = None):
+        self.backend = backend
+        self.analyst = analyst
+        self.data_dir = data_dir
+        self.ledger_path = ledger_path or data_dir / "ledger.sqlite"
+        self._catalog = None
+        self._ledger = None
+
+    # -- trusted path -------------------------------------------------------------------------
+    def raw_query(self, sql: str) -> pd.DataFrame:
+        """Run trusted SQL as-is and return a DataFrame. No ledger, no rewriting: the privacy
+        guarantee is exactly that of the SQL written (e.g. a `dp_sum(...)` is row-level ε-DP, a
+        plain `SELECT *` is not private at all)."""
+        return self.backend.query_df(sql)
+
+    def command(self, sql: str) -> None:
+        """Run a trusted statement that returns nothing (DDL, INSERT)."""
+        self.backend.command(sql)
+
+    def insert_df(self, table: str, df: pd.DataFrame) -> None:
+        """Insert a DataFrame into an existing table (trusted)."""
+        self.backend.insert_df(table, df)
+
+    # -- privacy catalog and ledger (lazy: only the controller paths need them) -----------------
+    @property
+    def catalog(self):
+        if self._catalog is None:
+            from .catalog import Catalog
+
+            self._catalog = Catalog(self.backend)
+        return self._catalog
+
+    @property
+    def ledger(self):
+        if self._ledger is None:
+            from .ledger import Ledger
+
+            self._ledger = Ledger(self.ledger_path)
+        return self._ledger
+
+    @property
+    def budget(self):
+        """Budget administration and read-out for this connection's analyst (see dpch.ledger)."""
+        return self.ledger
+
+    # -- budget-enforcing path ----------------------------------------------------------------
+    def query(self, sql: str, *, epsilon: float, delta: float = 0.0, **options) -> pd.DataFrame:
+        """Answer analyst SQL with differential privacy under the catalog's privacy unit and
+        neighbour relation. The cost (ε, δ) is charged to this analyst's budget on the queried
+        dataset before anything runs; rejected queries run nothing and charge nothing."""
+        from .controller import run_query
+
+        return run_query(self, sql, epsilon=epsilon, delta=delta, **options)
+
+    def explain(self, sql: str, *, epsilon: float, delta: float = 0.0, **options):
+        """Show the rewritten SQL, per-aggregate sensitivity, mechanism and budget split. Executes
+        nothing and charges nothing."""
+        from .controller import explain_query
+
+        return explain_query(self, sql, epsilon=epsilon, delta=delta, **options)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def connect(target: str | Path | None = None, *, user: str = "default", password: str = "",
+            database: str = "default", analyst: str | None = None,
+            ledger_path: str | Path | None = None) -> Connection:
+    """Open DPCH.
+
+    - `connect()`: the embedded ClickHouse engine (chDB) in `$DPCH_DATA_DIR` or `./.dpch_data`;
+    - `connect("/some/dir")`: the embedded engine in that directory (created if missing);
+    - `connect("http://host:8123", user=..., password=...)`: a ClickHouse server with
+      clickhouse_config deployed.
+
+    `analyst` (default: the OS user name) is recorded on every charge. The ledger defaults to
+    `<data dir>/ledger.sqlite` (for servers, `$DPCH_DATA_DIR` or `./.dpch_data`).
+    """
+    analyst = analyst or getpass.getuser()
+    target_str = str(target) if target is not None else None
+    if target_str and target_str.startswith(("http://", "https://")):
+        backend: Backend = ServerBackend(target_str, user=user, password=password, database=database)
+        data_dir = default_data_dir()
+        data_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        data_dir = Path(target_str).resolve() if target_str else default_data_dir()
+        backend = EmbeddedBackend.open(data_dir)
+    return Connection(backend, analyst=analyst, data_dir=data_dir,
+                      ledger_path=Path(ledger_path) if ledger_path else None)
