@@ -1,0 +1,590 @@
+"""Stage 2 of the controller: bind a parsed query to its catalog entry.
+
+``bind(parsed, entry) -> BoundQuery``. Resolves columns (table qualifiers, SELECT aliases, GROUP BY
+positions), checks every column is registered and every function is on the allow-list, and splits
+the query into:
+
+- ``keys``: the GROUP BY expressions (row-level expressions of registered columns);
+- ``aggregates``: the DP aggregates, normalised to ``AggCall(func, arg, cond)`` with ``func`` one of
+  count, count_distinct_unit, sum, avg, var_samp, var_pop, stddev_samp, stddev_pop;
+- ``outputs``, ``having`` and ``order``: *templates* over released values only. In a template an
+  aggregate is replaced by the column ``__dp_a<i>`` and a group key by ``__dp_k<j>``; any other
+  column left in a template is a raw value, which is rejected. So every output column is, by
+  construction, a noisy aggregate, a group key, or a function of those and constants
+  (post-processing).
+
+Functions are allow-listed (pure, deterministic, reading nothing but their arguments): a function
+that reads other data (``dictGet``, ``joinGet``, ``file``...), has side effects, draws randomness or
+is a DPCH noise/``dp_*`` function is rejected with its name.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+
+from .catalog import TableEntry
+from .errors import QueryRejected
+from .parse import DIALECT, ParsedQuery
+
+INTERNAL_PREFIX = "__dp_"
+AGG_PREFIX = "__dp_a"
+KEY_PREFIX = "__dp_k"
+
+DP_FUNCS = ("count", "count_distinct_unit", "sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+
+# --- scalar functions/operators (sqlglot node classes, by name) --------------------------------
+_ALLOWED_NODE_NAMES = """
+Add Sub Mul Div IntDiv Mod Neg Paren EQ NEQ GT GTE LT LTE NullSafeEQ NullSafeNEQ And Or Xor Not
+Like ILike RegexpLike RegexpILike SimilarTo Is In Between DPipe BitwiseAnd BitwiseOr BitwiseXor BitwiseNot
+BitwiseLeftShift BitwiseRightShift Cast TryCast Literal Boolean Null Column Identifier Array Tuple
+Interval Var DataType DataTypeParam Abs Sign Round Floor Ceil Trunc Sqrt Cbrt Pow Exp Ln Log Log2 Log10
+Least Greatest If Case Coalesce Nullif Lower Upper Length Substring Concat ConcatWs StartsWith EndsWith
+Trim TimestampTrunc DateTrunc StrPosition Pi Year Month Day Quarter Week DayOfWeek DayOfMonth DayOfYear
+Hour Minute Second CurrentDate CurrentTimestamp CurrentDatetime DateAdd DateSub DateDiff TsOrDsToDate
+TsOrDsAdd TimestampAdd TimestampSub TimestampDiff Date StrToDate StrToTime TimeToStr UnixToTime
+TimeToUnix Left Right Reverse Replace Repeat Pad Initcap Bracket ToDays Levenshtein Chr Ascii
+RegexpExtract RegexpReplace Split SplitPart ArrayContains ArrayContainsAll ArrayOverlaps ArraySize
+Unhex Hex MD5 SHA SHA2 IsNan IsInf SafeDivide Ordered Kwarg Distinct Star Slice
+ToNumber Upper Lower JSONExtractScalar
+"""
+_ALLOWED_NODES = tuple(c for c in (getattr(exp, n, None) for n in _ALLOWED_NODE_NAMES.split()) if c is not None)
+
+_ALLOWED_ANONYMOUS = set("""
+abs sign round roundbankers roundtoexp2 floor ceil ceiling trunc truncate sqrt cbrt pow power exp exp2 exp10
+log ln log2 log10 log1p intdiv intdivorzero modulo moduloorzero positivemodulo plus minus multiply divide
+negate least greatest e pi isfinite isinfinite isnan gcd lcm sin cos tan asin acos atan
+if multiif ifnull nullif coalesce isnull isnotnull isnullable
+equals notequals less greater lessorequals greaterorequals and or not xor in notin
+has hasany hasall indexof empty notempty length
+lower upper lowerutf8 upperutf8 lengthutf8 char_length character_length substring substr substringutf8
+concat concatwithseparator startswith endswith trim trimleft trimright trimboth ltrim rtrim position
+positioncaseinsensitive positionutf8 locate like notlike ilike notilike match replaceall replaceone replace
+replaceregexpall replaceregexpone reverse left right leftpad rightpad lpad rpad splitbychar splitbystring
+splitbywhitespace extract tostring tofixedstring
+tofloat64 tofloat32 toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64
+touint128 touint256 todecimal32 todecimal64 todecimal128 toint64orzero toint32orzero tofloat64orzero
+toint64ornull toint32ornull tofloat64ornull tostringornull todate todate32 todatetime todatetime64
+todateorzero todateornull todatetimeornull tobool
+toyear tomonth todayofmonth todayofweek todayofyear toquarter tohour tominute tosecond toisoweek toweek
+toisoyear toyyyymm toyyyymmdd toyyyymmddhhmmss tostartofday tostartofweek tostartofmonth
+tostartofquarter tostartofyear tostartofhour tostartofminute tostartoffiveminutes tostartoffifteenminutes
+tostartofinterval tomonday tolastdayofmonth datediff date_diff dateadd date_add datesub date_sub
+adddays addweeks addmonths addyears addhours addminutes addseconds addquarters subtractdays
+subtractweeks subtractmonths subtractyears subtracthours subtractminutes subtractseconds today yesterday
+now formatdatetime tounixtimestamp fromunixtimestamp date_trunc datetrunc timeslot torelativedaynum
+torelativemonthnum torelativeyearnum torelativeweeknum age
+array tuple
+""".split())
+
+# Aggregates that exist in ClickHouse but have no DP mechanism here (for the error message).
+_NON_DP_AGGREGATES = set("""
+min max any anylast anyheavy argmin argmax uniq uniqexact uniqcombined uniqcombined64 uniqhll12
+uniqtheta grouparray grouparraysorted grouparraysample groupuniqarray grouparrayinsertat
+groupbitand groupbitor groupbitxor groupbitmap quantile quantiles quantileexact quantiletdigest
+quantiletiming quantiledeterministic quantilesexact quantilestdigest median medianexact topk topkweighted
+summap minmap maxmap sumwithoverflow sumkahan avgweighted corr covarpop covarsamp skewpop skewsamp
+kurtpop kurtsamp entropy first_value last_value histogram simplelinearregression
+stochasticlinearregression mannwhitneyutest studentttest welchttest boundingratio rankcorr
+sequencematch sequencecount windowfunnel retention maxintersections grouparraymovingsum
+grouparraymovingavg deltasum categoricalinformationvalue contingency cramersv theilsu
+array_agg arrayagg string_agg group_concat listagg approx_count_distinct approx_distinct
+approx_quantile percentile_cont percentile_disc mode bool_and bool_or every some
+""".split())
+
+_VAR_NAMES = {
+    "varsamp": "var_samp", "var_samp": "var_samp", "variance": "var_samp", "variance_samp": "var_samp",
+    "varpop": "var_pop", "var_pop": "var_pop", "variance_pop": "var_pop",
+    "stddevsamp": "stddev_samp", "stddev_samp": "stddev_samp", "stddev": "stddev_samp",
+    "stddevpop": "stddev_pop", "stddev_pop": "stddev_pop", "std": "stddev_pop",
+}
+
+
+def _reject(msg: str) -> QueryRejected:
+    return QueryRejected(msg)
+
+
+_TLS = threading.local()
+
+
+def sql_of(node: exp.Expression) -> str:
+    """ClickHouse SQL of ``node`` (a per-thread reused sqlglot generator: ~5x faster than
+    ``node.sql()``, which builds a generator per call)."""
+    gen = getattr(_TLS, "gen", None)
+    if gen is None:
+        gen = _TLS.gen = Dialect.get_or_raise(DIALECT).generator()
+    return gen.generate(node, copy=False)
+
+
+def func_name(node: exp.Expression) -> str:
+    """The function name as written (best effort) for messages."""
+    if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
+        return str(node.this) if not isinstance(node.this, exp.Expression) else node.this.name
+    if isinstance(node, exp.ParameterizedAgg):
+        return str(node.this)
+    if isinstance(node, exp.Func):
+        return node.sql_name().lower()
+    return type(node).__name__
+
+
+def _is_dpch_name(name: str) -> bool:
+    low = name.lower()
+    return low.startswith("dpch_") or low.startswith("dp_")
+
+
+# ------------------------------------------------------------------------------------------------
+# Bound query
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KeySpec:
+    index: int
+    expr: exp.Expression  # row-level expression over unqualified registered columns
+    columns: tuple[str, ...]
+    name: str  # output name when selected as-is (alias or SQL text)
+    sql: str  # ClickHouse SQL of expr
+
+    @property
+    def placeholder(self) -> str:
+        return f"{KEY_PREFIX}{self.index}"
+
+
+@dataclass(frozen=True)
+class AggCall:
+    index: int
+    func: str  # one of DP_FUNCS
+    arg: exp.Expression | None  # None for COUNT(*) / COUNT(DISTINCT unit)
+    cond: exp.Expression | None  # the -If condition (countIf/sumIf/avgIf), row level
+    text: str  # normalised SQL of the call as written
+
+    @property
+    def placeholder(self) -> str:
+        return f"{AGG_PREFIX}{self.index}"
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    name: str
+    template: exp.Expression
+    kind: str  # "key" | "aggregate" | "derived" | "constant"
+    ref: int | None = None  # key or aggregate index for kind key/aggregate
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    template: exp.Expression
+    desc: bool
+    nulls_first: bool | None
+
+
+@dataclass(frozen=True)
+class BoundQuery:
+    parsed: ParsedQuery
+    entry: TableEntry
+    where: exp.Expression | None
+    keys: tuple[KeySpec, ...]
+    aggregates: tuple[AggCall, ...]
+    outputs: tuple[OutputColumn, ...]
+    having: exp.Expression | None
+    order: tuple[OrderItem, ...]
+    limit: int | None
+    offset: int | None
+    grouped: bool = field(default=False)
+
+    @property
+    def sql(self) -> str:
+        return self.parsed.sql
+
+
+# ------------------------------------------------------------------------------------------------
+# Binder
+# ------------------------------------------------------------------------------------------------
+
+class _Binder:
+    def __init__(self, parsed: ParsedQuery, entry: TableEntry):
+        self.parsed = parsed
+        self.entry = entry
+        self.select = parsed.select
+        self.qualifiers = {parsed.table}
+        if parsed.alias:
+            self.qualifiers.add(parsed.alias)
+        if parsed.database:
+            self.qualifiers.add(f"{parsed.database}.{parsed.table}")
+        self.aggs: list[AggCall] = []
+        self.agg_index: dict[str, int] = {}
+        self.keys: list[KeySpec] = []
+        self.aliases: dict[str, exp.Expression] = {}  # alias -> original select expression (unqualified)
+        self.output_templates: dict[str, exp.Expression] = {}  # alias -> its template
+
+    # -- columns ------------------------------------------------------------------------------
+    def _unqualify(self, node: exp.Expression) -> exp.Expression:
+        """Strip table qualifiers, in place (the parse tree is ours; callers copy when needed)."""
+        for col in list(node.find_all(exp.Column)):
+            table = col.text("table")
+            db = col.text("db")
+            if table:
+                qual = f"{db}.{table}" if db else table
+                if qual not in self.qualifiers and table not in self.qualifiers:
+                    raise _reject(f"unknown table qualifier {qual!r} in {sql_of(col)}: the query reads only "
+                                  f"{self.entry.table}")
+                col.set("table", None)
+                col.set("db", None)
+                col.set("catalog", None)
+        return node
+
+    def _check_column(self, name: str) -> None:
+        if name.startswith(INTERNAL_PREFIX):
+            raise _reject(f"column names starting with {INTERNAL_PREFIX} are reserved by DPCH")
+        if name not in self.entry.columns:
+            raise _reject(f"column {name!r} is not a registered column of {self.entry.table}; "
+                          f"registered: {', '.join(sorted(self.entry.columns))}")
+
+    # -- function allow-list ------------------------------------------------------------------
+    def _check_scalar_node(self, node: exp.Expression, where: str) -> None:
+        if isinstance(node, exp.Anonymous):
+            name = func_name(node)
+            if _is_dpch_name(name):
+                raise _reject(f"the query calls {name}(...) in {where}: DPCH adds the noise itself; write the "
+                              "plain aggregate (COUNT, SUM, AVG, ...) instead of dp_*/dpch_* functions")
+            low = name.lower()
+            if low in _NON_DP_AGGREGATES or (low.endswith("if") and low[:-2] in _NON_DP_AGGREGATES):
+                raise _reject(f"non-DP aggregate {name}(...) in {where}: supported aggregates are COUNT(*), "
+                              "COUNT(col), COUNT(DISTINCT <privacy unit>), SUM, AVG, VAR/STDDEV (and countIf, "
+                              "sumIf, avgIf)")
+            if low not in _ALLOWED_ANONYMOUS:
+                raise _reject(f"function {name}() is not supported in {where}: only pure scalar functions "
+                              "(arithmetic, comparison, string, date, conditional, type conversion) are allowed")
+            return
+        if isinstance(node, exp.In):
+            if node.args.get("query") is not None or node.args.get("unnest") is not None:
+                raise _reject("IN (subquery) is not supported: use a literal list")
+            if node.args.get("field") is not None:
+                raise _reject("IN <table> is not supported: use a literal list")
+            return
+        if isinstance(node, _ALLOWED_NODES):
+            return
+        if isinstance(node, (exp.AggFunc, exp.AnonymousAggFunc, exp.CombinedAggFunc, exp.ParameterizedAgg)):
+            raise _reject(f"aggregate {func_name(node)}(...) is not allowed in {where}")
+        if isinstance(node, exp.Func):
+            name = func_name(node)
+            if _is_dpch_name(name):
+                raise _reject(f"the query calls {name}(...): DPCH adds the noise itself")
+            raise _reject(f"function {name}() is not supported in {where}")
+        raise _reject(f"the construct {type(node).__name__} ({sql_of(node)[:60]}) is not supported in {where}")
+
+    def _check_row_expr(self, node: exp.Expression, where: str) -> tuple[str, ...]:
+        """A row-level expression (WHERE, GROUP BY key, aggregate argument/condition): registered
+        columns, allowed functions, no aggregates. Returns the columns it reads."""
+        cols: list[str] = []
+        for n in node.walk():
+            if isinstance(n, exp.Column):
+                if n.text("table"):
+                    raise _reject(f"unknown table qualifier in {sql_of(n)}")
+                self._check_column(n.name)
+                if n.name not in cols:
+                    cols.append(n.name)
+                continue
+            if isinstance(n, exp.Identifier) and isinstance(n.parent, exp.Column):
+                continue
+            if _is_aggregate(n):
+                raise _reject(f"aggregate {func_name(n)}(...) is not allowed in {where}"
+                              + ("; use HAVING to filter on aggregates" if where == "WHERE" else ""))
+            if isinstance(n, exp.Star):
+                raise _reject(f"* is not allowed in {where}")
+            if isinstance(n, exp.Distinct):
+                raise _reject(f"DISTINCT is not allowed in {where}")
+            self._check_scalar_node(n, where)
+        return tuple(cols)
+
+    # -- aggregates ---------------------------------------------------------------------------
+    def _add_agg(self, func: str, arg, cond, node: exp.Expression) -> int:
+        if arg is not None:
+            self._check_row_expr(arg, f"the argument of {sql_of(node)}")
+        if cond is not None:
+            self._check_row_expr(cond, f"the condition of {sql_of(node)}")
+        text = sql_of(node)
+        key = f"{func}|{sql_of(arg) if arg is not None else ''}|{sql_of(cond) if cond is not None else ''}"
+        if key in self.agg_index:
+            return self.agg_index[key]
+        idx = len(self.aggs)
+        self.aggs.append(AggCall(idx, func, arg, cond, text))
+        self.agg_index[key] = idx
+        return idx
+
+    def _aggregate(self, node: exp.Expression) -> int:
+        """Normalise one aggregate call (already unqualified) and register it."""
+        unit = self.entry.privacy_unit
+        text = sql_of(node)
+        if isinstance(node, exp.Count):
+            arg = node.this
+            if isinstance(arg, exp.Distinct):
+                exprs = arg.expressions
+                if unit is None:
+                    raise _reject(f"{text}: COUNT(DISTINCT ...) needs a privacy unit; {self.entry.table} is "
+                                  "row level (every row is a unit), use COUNT(*)")
+                if len(exprs) == 1 and isinstance(exprs[0], exp.Column) and exprs[0].name == unit:
+                    return self._add_agg("count_distinct_unit", None, None, node)
+                raise _reject(f"{text}: COUNT(DISTINCT ...) is only supported on the privacy unit column "
+                              f"({unit}); its sensitivity is unbounded for other columns")
+            if node.expressions:
+                raise _reject(f"{text}: COUNT takes at most one argument")
+            if arg is None or isinstance(arg, exp.Star):
+                return self._add_agg("count", None, None, node)
+            if isinstance(arg, exp.Literal) or isinstance(arg, exp.Boolean):
+                return self._add_agg("count", None, None, node)
+            return self._add_agg("count", arg, None, node)
+        if isinstance(node, exp.CountIf):
+            return self._add_agg("count", None, node.this, node)
+        if isinstance(node, exp.Sum):
+            if isinstance(node.this, exp.Distinct):
+                raise _reject(f"{text}: SUM(DISTINCT ...) is not supported (its sensitivity is unbounded); "
+                              "use SUM")
+            return self._add_agg("sum", node.this, None, node)
+        if isinstance(node, exp.Avg):
+            if isinstance(node.this, exp.Distinct):
+                raise _reject(f"{text}: AVG(DISTINCT ...) is not supported; use AVG")
+            return self._add_agg("avg", node.this, None, node)
+        for cls, func in ((exp.Variance, "var_samp"), (getattr(exp, "VariancePop", None), "var_pop"),
+                          (exp.Stddev, "stddev_samp"), (getattr(exp, "StddevPop", None), "stddev_pop"),
+                          (getattr(exp, "StddevSamp", None), "stddev_samp")):
+            if cls is not None and isinstance(node, cls):
+                if isinstance(node.this, exp.Distinct):
+                    raise _reject(f"{text}: DISTINCT inside a variance is not supported")
+                return self._add_agg(func, node.this, None, node)
+        name = func_name(node)
+        low = name.lower()
+        if isinstance(node, (exp.AnonymousAggFunc, exp.Anonymous)) and low in _VAR_NAMES:
+            args = node.expressions
+            if len(args) != 1:
+                raise _reject(f"{text}: {name} takes one argument")
+            return self._add_agg(_VAR_NAMES[low], args[0], None, node)
+        if isinstance(node, exp.CombinedAggFunc):
+            args = node.expressions
+            if low == "sumif" and len(args) == 2:
+                return self._add_agg("sum", args[0], args[1], node)
+            if low == "avgif" and len(args) == 2:
+                return self._add_agg("avg", args[0], args[1], node)
+            if low == "countif" and len(args) == 1:
+                return self._add_agg("count", None, args[0], node)
+            raise _reject(f"{text}: the aggregate combinator form {name} is not supported (supported: countIf, "
+                          "sumIf, avgIf)")
+        if _is_dpch_name(name):
+            raise _reject(f"the query calls {name}(...): DPCH adds the noise itself; write the plain aggregate "
+                          "(COUNT, SUM, AVG, ...) instead of dp_*/dpch_* functions")
+        raise _reject(f"non-DP aggregate {name}(...) ({text}): supported aggregates are COUNT(*), COUNT(col), "
+                      "COUNT(DISTINCT <privacy unit>), SUM, AVG, VAR/STDDEV (and countIf, sumIf, avgIf)")
+
+    # -- templates ----------------------------------------------------------------------------
+    def _template(self, node: exp.Expression, where: str, *, use_aliases: bool) -> exp.Expression:
+        """Replace aggregates and group keys by placeholders; resolve aliases (HAVING/ORDER BY)."""
+        root = self._unqualify(node)
+        holder = exp.Paren(this=root)  # so the root itself can be replaced (mutates in place)
+
+        def visit(n: exp.Expression) -> exp.Expression | None:
+            if _is_aggregate(n):
+                for inner in n.walk():
+                    if inner is not n and _is_aggregate(inner):
+                        raise _reject(f"nested aggregates ({sql_of(n)}) are not supported")
+                return exp.column(f"{AGG_PREFIX}{self._aggregate(n)}")
+            for key in self.keys:
+                if n == key.expr:
+                    return exp.column(key.placeholder)
+            if isinstance(n, exp.Column):
+                name = n.name
+                if name.startswith(INTERNAL_PREFIX):
+                    raise _reject(f"column names starting with {INTERNAL_PREFIX} are reserved by DPCH")
+                if use_aliases and name in self.output_templates:
+                    return self.output_templates[name].copy()
+                if use_aliases and name in self.aliases:
+                    return self._template(self.aliases[name].copy(), where, use_aliases=False)
+                if name in self.entry.columns:
+                    raise _reject(f"column {name!r} is used in {where} outside an aggregate but is not a GROUP BY "
+                                  f"key: releasing raw values is not differentially private; aggregate it "
+                                  f"(e.g. SUM({name})) or add it to GROUP BY")
+                raise _reject(f"unknown column {name!r} in {where}")
+            return None
+
+        def walk(n: exp.Expression) -> None:
+            for child in list(n.iter_expressions()):
+                repl = visit(child)
+                if repl is not None:
+                    child.replace(repl)
+                else:
+                    walk(child)
+
+        walk(holder)
+        out = holder.this
+        for n in out.walk():
+            if isinstance(n, exp.Column):
+                if not n.name.startswith(INTERNAL_PREFIX):  # pragma: no cover - visit() handles all
+                    raise _reject(f"raw column {n.name!r} in {where}")
+                continue
+            if isinstance(n, exp.Identifier) and isinstance(n.parent, exp.Column):
+                continue
+            self._check_scalar_node(n, where)
+        return out
+
+    # -- main ---------------------------------------------------------------------------------
+    def bind(self) -> BoundQuery:
+        sel = self.select
+        items = list(sel.expressions)
+        if not items:
+            raise _reject("empty SELECT list")
+
+        # aliases (global in ClickHouse; here: usable in WHERE, GROUP BY, HAVING, ORDER BY)
+        for item in items:
+            if isinstance(item, exp.Alias):
+                alias = item.alias
+                if alias.startswith(INTERNAL_PREFIX):
+                    raise _reject(f"aliases starting with {INTERNAL_PREFIX} are reserved by DPCH")
+                if alias in self.aliases:
+                    raise _reject(f"the alias {alias!r} is defined twice")
+                self.aliases[alias] = self._unqualify(item.this)
+
+        # GROUP BY keys
+        group = sel.args.get("group")
+        if group is not None:
+            for g in group.expressions:
+                self._add_key(g, items)
+        grouped = bool(self.keys)
+
+        # WHERE
+        where = None
+        if sel.args.get("where") is not None:
+            where = self._resolve_where(sel.args["where"].this)
+            self._check_row_expr(where, "WHERE")
+
+        # SELECT outputs
+        outputs: list[OutputColumn] = []
+        used_names: set[str] = set()
+        for item in items:
+            alias = item.alias if isinstance(item, exp.Alias) else None
+            body = item.this if isinstance(item, exp.Alias) else item
+            name = alias or _default_name(body)
+            template = self._template(body, "SELECT", use_aliases=False)
+            base = name
+            n = 1
+            while name in used_names:
+                name = f"{base}_{n}"
+                n += 1
+            used_names.add(name)
+            kind, ref = _classify(template)
+            outputs.append(OutputColumn(name=name, template=template, kind=kind, ref=ref))
+            if alias:
+                self.output_templates[alias] = template
+
+        having = None
+        if sel.args.get("having") is not None:
+            having = self._template(sel.args["having"].this, "HAVING", use_aliases=True)
+
+        order: list[OrderItem] = []
+        if sel.args.get("order") is not None:
+            for o in sel.args["order"].expressions:
+                target = o.this if isinstance(o, exp.Ordered) else o
+                if isinstance(target, exp.Literal) and not target.is_string and target.this.isdigit():
+                    pos = int(target.this)
+                    if not 1 <= pos <= len(outputs):
+                        raise _reject(f"ORDER BY position {pos} is out of range")
+                    template = outputs[pos - 1].template.copy()
+                else:
+                    template = self._template(target, "ORDER BY", use_aliases=True)
+                desc = bool(o.args.get("desc")) if isinstance(o, exp.Ordered) else False
+                nulls_first = o.args.get("nulls_first") if isinstance(o, exp.Ordered) else None
+                order.append(OrderItem(template, desc, nulls_first))
+
+        limit = offset = None
+        if sel.args.get("limit") is not None:
+            limit = int(sel.args["limit"].args["expression"].this)
+        if sel.args.get("offset") is not None:
+            offset = int(sel.args["offset"].args["expression"].this)
+
+        if not self.aggs and not grouped:
+            raise _reject("the query has no aggregate and no GROUP BY: DPCH answers aggregate queries "
+                          "(COUNT, SUM, AVG, VAR/STDDEV); selecting rows is not differentially private")
+        unit = self.entry.privacy_unit
+        for key in self.keys:
+            if unit is not None and unit in key.columns:
+                raise _reject(f"GROUP BY {key.sql}: grouping by the privacy unit ({unit}) would release "
+                              "per-unit values")
+
+        return BoundQuery(parsed=self.parsed, entry=self.entry, where=where, keys=tuple(self.keys),
+                          aggregates=tuple(self.aggs), outputs=tuple(outputs), having=having,
+                          order=tuple(order), limit=limit, offset=offset, grouped=grouped)
+
+    def _resolve_where(self, node: exp.Expression) -> exp.Expression:
+        node = self._unqualify(node)
+        holder = exp.Paren(this=node)
+        for col in list(holder.find_all(exp.Column)):
+            name = col.name
+            if name not in self.entry.columns and name in self.aliases:
+                target = self.aliases[name]
+                if any(_is_aggregate(n) for n in target.walk()):
+                    raise _reject(f"WHERE refers to {name!r}, an aggregate: use HAVING to filter on aggregates")
+                col.replace(target.copy())
+        return holder.this
+
+    def _add_key(self, g: exp.Expression, items: list[exp.Expression]) -> None:
+        target = g
+        name = None
+        if isinstance(g, exp.Literal) and not g.is_string and g.this.isdigit():
+            pos = int(g.this)
+            if not 1 <= pos <= len(items):
+                raise _reject(f"GROUP BY position {pos} is out of range")
+            item = items[pos - 1]
+            target = (item.this if isinstance(item, exp.Alias) else item).copy()
+            name = item.alias if isinstance(item, exp.Alias) else None
+        elif isinstance(g, exp.Literal):
+            raise _reject("GROUP BY a constant is not supported")
+        elif isinstance(g, exp.Column) and not g.text("table") and g.name not in self.entry.columns \
+                and g.name in self.aliases:
+            name = g.name
+            target = self.aliases[g.name].copy()
+        target = self._unqualify(target)
+        if any(_is_aggregate(n) for n in target.walk()):
+            raise _reject(f"GROUP BY {sql_of(target)}: grouping by an aggregate is not supported")
+        cols = self._check_row_expr(target, "GROUP BY")
+        if not cols:
+            raise _reject(f"GROUP BY {sql_of(target)}: a key must depend on a column")
+        for existing in self.keys:
+            if existing.expr == target:
+                return
+        if name is None:
+            for item in items:
+                if isinstance(item, exp.Alias) and self._unqualify(item.this) == target:
+                    name = item.alias
+                    break
+        self.keys.append(KeySpec(index=len(self.keys), expr=target, columns=cols,
+                                 name=name or _default_name(target), sql=sql_of(target)))
+
+
+def _is_aggregate(node: exp.Expression) -> bool:
+    if isinstance(node, (exp.AggFunc, exp.AnonymousAggFunc, exp.CombinedAggFunc, exp.ParameterizedAgg)):
+        return True
+    if isinstance(node, exp.Anonymous):
+        low = func_name(node).lower()
+        return low in _VAR_NAMES or low in _NON_DP_AGGREGATES or low in ("count", "sum", "avg")
+    return False
+
+
+def _default_name(node: exp.Expression) -> str:
+    if isinstance(node, exp.Column):
+        return node.name
+    return sql_of(node)
+
+
+def _classify(template: exp.Expression) -> tuple[str, int | None]:
+    if isinstance(template, exp.Column):
+        name = template.name
+        if name.startswith(AGG_PREFIX):
+            return "aggregate", int(name[len(AGG_PREFIX):])
+        if name.startswith(KEY_PREFIX):
+            return "key", int(name[len(KEY_PREFIX):])
+    has_ref = any(isinstance(n, exp.Column) for n in template.walk())
+    return ("derived" if has_ref else "constant"), None
+
+
+def bind(parsed: ParsedQuery, entry: TableEntry) -> BoundQuery:
+    """Bind ``parsed`` to ``entry`` (see the module docstring). Raises QueryRejected."""
+    return _Binder(parsed, entry).bind()

@@ -1,0 +1,221 @@
+"""The controller: analyst SQL in, differentially private DataFrame out.
+
+    parse ─► bind ─► plan ─► charge ─► rewrite ─► execute ─► post-process
+  dpch.parse  dpch.bind  dpch.plan  ledger  dpch.rewrite  dpch.execute  dpch.postprocess
+
+``run_query(conn, sql, *, epsilon, delta=0, **options)`` and ``explain_query(...)`` are what
+``Connection.query`` / ``Connection.explain`` call. Guarantees:
+
+- a query that is rejected (parse, bind or plan) runs nothing and charges nothing;
+- the plan's full cost is charged to ``(conn.analyst, <database.table>)`` through
+  ``conn.ledger.charge`` *before* the query runs (fail closed: a ledger error means no answer);
+  the charge is then marked "executed" or "failed" (a failed execution stays charged);
+- ``explain_query`` never charges and never executes.
+
+Options (keyword arguments): ``mechanism`` ("auto" | "laplace" | "gaussian"), ``weights``
+(budget split, see dpch.plan), ``keys`` (public key values per GROUP BY key for this query),
+``confidence`` (CI level, default 0.95), ``with_ci`` (add CI columns).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from .bind import BoundQuery, bind
+from .errors import CatalogError, DPCHError, LedgerError, QueryRejected
+from .execute import execute
+from .parse import ParsedQuery, parse
+from .plan import Plan, QueryOptions, check_budget_args, make_plan
+from .postprocess import postprocess
+from .rewrite import Rewritten, rewrite
+
+
+@dataclass
+class Prepared:
+    """Everything decided before the ledger is touched."""
+
+    parsed: ParsedQuery
+    bound: BoundQuery
+    plan: Plan
+    rewritten: Rewritten
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dataset(self) -> str:
+        return self.plan.entry.table
+
+    @property
+    def controller_ms(self) -> float:
+        return sum(self.timings_ms.values())
+
+
+def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Prepared:
+    """parse → bind → plan → rewrite. Raises QueryRejected/InvalidParameter; touches no ledger and
+    runs nothing on the engine (the catalog is read, usually from its cache)."""
+    t0 = time.perf_counter()
+    opts = QueryOptions.from_kwargs(options)
+    eps, dlt = check_budget_args(epsilon, delta)
+    parsed = parse(sql)
+    t1 = time.perf_counter()
+    try:
+        qualified = conn.catalog.qualify(parsed.table_ref)
+        entry = conn.catalog.get(qualified)
+    except CatalogError as exc:
+        raise QueryRejected(str(exc)) from None
+    bound = bind(parsed, entry)
+    t2 = time.perf_counter()
+    plan = make_plan(bound, eps, dlt, opts)
+    t3 = time.perf_counter()
+    rewritten = rewrite(plan)
+    t4 = time.perf_counter()
+    timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
+               "rewrite": (t4 - t3) * 1e3}
+    return Prepared(parsed, bound, plan, rewritten, timings)
+
+
+def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> pd.DataFrame:
+    """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring)."""
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, **options)
+    try:
+        ledger = conn.ledger
+    except DPCHError:
+        raise
+    except Exception as exc:  # fail closed: no ledger, no answer
+        raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
+    receipt = ledger.charge(conn.analyst, prepared.dataset, prepared.plan.cost, sql)
+    try:
+        df = execute(conn.backend, prepared.rewritten)
+    except BaseException:
+        try:
+            ledger.mark(receipt, "failed")
+        finally:
+            pass
+        raise
+    try:
+        ledger.mark(receipt, "executed")
+    except DPCHError as exc:  # the charge is durable already; the answer was paid for
+        warnings.warn(f"dpch: could not mark the ledger charge as executed: {exc}", RuntimeWarning, stacklevel=2)
+    return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
+                       controller_ms=prepared.controller_ms)
+
+
+# ------------------------------------------------------------------------------------------------
+# explain
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Explanation:
+    """What a query would do: the rewritten SQL (salt masked), the sensitivity, mechanism and
+    budget share of every noisy value, the key policy and the total cost. Nothing ran, nothing was
+    charged."""
+
+    sql: str
+    table: str
+    privacy_unit: str | None
+    neighbour: str
+    bounding: dict
+    key_mode: str
+    key_domains: list
+    selection: dict | None
+    quantities: list[dict]
+    aggregates: list[dict]
+    outputs: list[dict]
+    epsilon: float
+    delta: float
+    requested_epsilon: float
+    requested_delta: float
+    timings_ms: dict
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def __str__(self) -> str:
+        lines = [f"table {self.table}: privacy unit {self.privacy_unit or '(row level)'}, "
+                 f"neighbour relation {self.neighbour}"]
+        b = self.bounding
+        lines.append(f"contribution bounds: {b['k']} group(s) per unit, {b['max_rows']} row(s) per unit, "
+                     f"{b['rows_per_group']} per group")
+        lines.append(f"group keys: {self.key_mode}")
+        for d in self.key_domains:
+            lines.append(f"  {d['key']}: {d['source']}" + (f" ({d['size']} values)" if d.get("size") else ""))
+        if self.selection:
+            s = self.selection
+            lines.append(f"partition selection: release a group iff noisy distinct units >= {s['threshold']} "
+                         f"(Laplace b={s['noise_scale']:.6g}, ε={s['epsilon']:.6g}, δ={s['delta']:.3g})")
+        lines.append("noisy values:")
+        for q in self.quantities:
+            lines.append(
+                f"  {q['label']}: {q['kind']}, L1={q['sensitivity_l1']:.6g} L2={q['sensitivity_l2']:.6g} "
+                f"(value units), {q['mechanism']} scale={q['noise_scale']:.6g}, ε={q['epsilon']:.6g}, "
+                f"δ={q['delta']:.3g}, 95% ±{q['ci95_halfwidth']:.6g}")
+        lines.append("aggregates:")
+        for a in self.aggregates:
+            lines.append(f"  {a['aggregate']}: {a['function']} from {', '.join(a['quantities'])}")
+        lines.append(f"total cost: ε={self.epsilon:.6g}, δ={self.delta:.3g} "
+                     f"(requested ε={self.requested_epsilon:.6g}, δ={self.requested_delta:.3g})")
+        lines.append(f"controller time: {sum(self.timings_ms.values()):.2f} ms")
+        lines.append("rewritten SQL:")
+        lines.append(self.sql)
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython
+        p.text(str(self))
+
+
+def explain_prepared(prepared: Prepared) -> Explanation:
+    plan = prepared.plan
+    quantities = []
+    for q in plan.quantities:
+        quantities.append({
+            "label": q.label,
+            "kind": "partition selection" if q.is_selection and not q.aggregates else (
+                {"rows": "count", "units": "distinct units", "sum": "fixed-point sum"}[q.kind]),
+            "partition_selection": q.is_selection,
+            "sensitivity_l1": q.l1 * q.grid,
+            "sensitivity_l2": q.l2 * q.grid,
+            "sensitivity_units": {"l1": q.l1, "l2": q.l2},
+            "grid": q.grid,
+            "per_row_units": [q.lo_units, q.hi_units],
+            "value_interval": list(q.value_interval) if q.value_interval else None,
+            "mechanism": q.mechanism,
+            "noise_scale": q.scale * q.grid,
+            "epsilon": q.epsilon,
+            "delta": q.delta,
+            "weight": q.weight,
+            "ci95_halfwidth": q.ci_halfwidth_units(0.95) * q.grid,
+        })
+    aggregates = []
+    for ap in plan.aggregates:
+        aggregates.append({
+            "aggregate": ap.call.text,
+            "function": ap.func,
+            "quantities": [plan.quantities[qi].label for qi in ap.roles.values()],
+            "value_bounds": list(ap.value_interval) if ap.value_interval else None,
+        })
+    outputs = [{"name": o.name, "kind": o.kind} for o in plan.bound.outputs]
+    key_domains = []
+    for key, d in zip(plan.bound.keys, plan.key_domains):
+        key_domains.append({"key": key.sql, "source": d.source if d else "private partition selection",
+                            "size": d.size if d else None})
+    sel = plan.selection
+    b = plan.bounding
+    return Explanation(
+        sql=prepared.rewritten.display_sql, table=plan.entry.table, privacy_unit=plan.entry.privacy_unit,
+        neighbour=plan.entry.neighbour,
+        bounding={"k": b.k, "max_rows": b.max_rows, "rows_per_group": b.rows_per_group, "row_level": b.row_level},
+        key_mode=plan.key_mode, key_domains=key_domains,
+        selection=None if sel is None else {"threshold": sel.threshold, "epsilon": sel.epsilon,
+                                            "delta": sel.delta, "noise_scale": sel.scale,
+                                            "max_new_groups_per_unit": sel.new_groups},
+        quantities=quantities, aggregates=aggregates, outputs=outputs,
+        epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
+        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms))
+
+
+def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:
+    """Explain ``sql`` without executing or charging anything."""
+    return explain_prepared(prepare(conn, sql, epsilon=epsilon, delta=delta, **options))

@@ -1,0 +1,226 @@
+"""Stage 1 of the controller: parse analyst SQL (sqlglot, ClickHouse dialect) and check its shape.
+
+``parse(sql) -> ParsedQuery``. Accepted: one ``SELECT`` with ``FROM`` one plain table (optionally
+aliased), ``WHERE``, ``GROUP BY``, ``HAVING``, ``ORDER BY``, ``LIMIT``/``OFFSET``. Everything else
+is rejected here with a ``QueryRejected`` that names the construct and, where there is one, the fix:
+multiple statements, non-SELECT statements, UNION/INTERSECT/EXCEPT, CTEs, subqueries, JOIN and
+ARRAY JOIN, window functions, SETTINGS/FORMAT/INTO OUTFILE, PREWHERE, SAMPLE, FINAL, DISTINCT,
+LIMIT BY, WITH TIES, WITH TOTALS/ROLLUP/CUBE/GROUPING SETS, WITH FILL, QUALIFY, lambdas, query
+parameters, table functions and system tables. What the expressions may contain (columns,
+functions, aggregates) is checked by ``dpch.bind``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from .errors import QueryRejected
+
+DIALECT = "clickhouse"
+MAX_QUERY_LENGTH = 100_000
+
+# Select arguments we understand; anything else set on the Select node is rejected.
+_ALLOWED_SELECT_ARGS = {"expressions", "from_", "where", "group", "having", "order", "limit", "offset", "kind"}
+_SELECT_ARG_MESSAGES = {
+    "with_": "a CTE (WITH ... AS) is not supported; inline the expression instead",
+    "joins": "JOIN is not supported: a query reads exactly one catalogued table",
+    "settings": "a SETTINGS clause is not allowed: DPCH chooses the engine settings",
+    "format": "a FORMAT clause is not allowed: results are returned as a DataFrame",
+    "prewhere": "PREWHERE is not supported; use WHERE",
+    "distinct": "SELECT DISTINCT is not supported; use GROUP BY with the columns (released by partition "
+                "selection or public keys)",
+    "qualify": "QUALIFY is not supported (window functions are not supported)",
+    "windows": "a WINDOW clause is not supported (window functions are not supported)",
+    "into": "SELECT ... INTO is not supported",
+    "laterals": "LATERAL is not supported",
+    "match": "MATCH_RECOGNIZE is not supported",
+    "connect": "CONNECT BY is not supported",
+    "sample": "SAMPLE is not supported",
+    "locks": "locking clauses are not supported",
+    "hint": "query hints are not supported",
+    "cluster": "CLUSTER BY is not supported",
+    "distribute": "DISTRIBUTE BY is not supported",
+    "sort": "SORT BY is not supported; use ORDER BY",
+    "operation_modifiers": "query modifiers are not supported",
+}
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """A syntactically acceptable single-table SELECT."""
+
+    sql: str
+    select: exp.Select
+    database: str | None  # as written (None: the connection's default database)
+    table: str
+    alias: str | None
+
+    @property
+    def table_ref(self) -> str:
+        return f"{self.database}.{self.table}" if self.database else self.table
+
+
+def _reject(msg: str) -> QueryRejected:
+    return QueryRejected(msg)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:200] if text.strip() else "syntax error"
+
+
+def parse(sql: str) -> ParsedQuery:
+    """Parse and shape-check ``sql``. Raises QueryRejected (nothing runs, nothing is charged)."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise _reject("empty query: write one SELECT statement")
+    if len(sql) > MAX_QUERY_LENGTH:
+        raise _reject(f"query is longer than {MAX_QUERY_LENGTH} characters")
+    upper = sql.upper()
+    if "INTO OUTFILE" in upper:
+        raise _reject("INTO OUTFILE is not allowed: results are returned as a DataFrame")
+    try:
+        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+    except (ParseError, TokenError) as exc:
+        raise _reject(f"could not parse the query as ClickHouse SQL: {_first_line(str(exc))}") from None
+    except Exception as exc:  # sqlglot raises a few other types on odd input
+        raise _reject(f"could not parse the query as ClickHouse SQL ({type(exc).__name__})") from None
+    if len(statements) != 1:
+        raise _reject(f"multiple statements ({len(statements)}) are not allowed: send one SELECT per query"
+                      if statements else "empty query: write one SELECT statement")
+    tree = statements[0]
+    _check_statement(tree)
+    assert isinstance(tree, exp.Select)
+    database, table, alias = _check_from(tree)
+    _check_clauses(tree)
+    _check_nodes(tree)
+    return ParsedQuery(sql=sql, select=tree, database=database, table=table, alias=alias)
+
+
+def _check_statement(tree: exp.Expression) -> None:
+    if isinstance(tree, exp.Union):
+        raise _reject("UNION is not supported: send one SELECT per query")
+    if isinstance(tree, exp.Intersect):
+        raise _reject("INTERSECT is not supported")
+    if isinstance(tree, exp.Except):
+        raise _reject("EXCEPT is not supported")
+    if isinstance(tree, exp.Subquery) or isinstance(tree, exp.Paren):
+        raise _reject("a parenthesised (sub)query is not supported: write a plain SELECT")
+    if not isinstance(tree, exp.Select):
+        kind = type(tree).__name__.upper()
+        if isinstance(tree, exp.Command):
+            kind = str(tree.this).upper()
+        raise _reject(f"only SELECT statements are allowed (got {kind})")
+
+
+def _check_from(tree: exp.Select) -> tuple[str | None, str, str | None]:
+    from_ = tree.args.get("from_")
+    if from_ is None:
+        raise _reject("the query has no FROM clause: DP aggregates read one catalogued table")
+    source = from_.this
+    if isinstance(source, exp.Final):
+        raise _reject("FINAL is not supported")
+    if isinstance(source, (exp.Subquery, exp.Select, exp.Union)):
+        raise _reject("a subquery in FROM is not supported: query the catalogued table directly")
+    if isinstance(source, exp.Table) and isinstance(source.this, exp.Func):
+        source = source.this
+    if not isinstance(source, exp.Table):
+        name = source.name if isinstance(source, exp.Anonymous) else (
+            source.sql_name() if isinstance(source, exp.Func) else type(source).__name__)
+        raise _reject(f"table function {name}(...) is not allowed: query a catalogued table")
+    for key, value in source.args.items():
+        if value in (None, False, []) or key in ("this", "db", "alias"):
+            continue
+        if key == "sample":
+            raise _reject("SAMPLE is not supported")
+        if key == "catalog":
+            raise _reject("three-part table names are not supported: use database.table")
+        if key == "final":
+            raise _reject("FINAL is not supported")
+        raise _reject(f"this table modifier ({key}) is not supported")
+    if not isinstance(source.this, exp.Identifier):
+        raise _reject("the table must be named by a plain identifier")
+    table = source.name
+    db = source.text("db") or None
+    if db is not None and db.lower() in ("system", "information_schema"):
+        raise _reject(f"system tables ({db}.{table}) are not allowed")
+    alias = source.alias or None
+    alias_node = source.args.get("alias")
+    if alias_node is not None and alias_node.args.get("columns"):
+        raise _reject("column aliases on the table are not supported")
+    return db, table, alias
+
+
+def _check_clauses(tree: exp.Select) -> None:
+    for key, value in tree.args.items():
+        if value in (None, False, []):
+            continue
+        if key in _ALLOWED_SELECT_ARGS:
+            continue
+        if key == "joins":
+            for join in value:
+                if (join.args.get("kind") or "").upper() == "ARRAY" or "ARRAY" in (join.text("side") or "").upper():
+                    raise _reject("ARRAY JOIN is not supported")
+            raise _reject(_SELECT_ARG_MESSAGES["joins"])
+        raise _reject(_SELECT_ARG_MESSAGES.get(key, f"the {key.upper()} clause is not supported"))
+    if tree.args.get("kind"):
+        raise _reject(f"SELECT {str(tree.args['kind']).upper()} is not supported")
+
+    group = tree.args.get("group")
+    if group is not None:
+        for key, value in group.args.items():
+            if value in (None, False, []) or key == "expressions":
+                continue
+            name = {"totals": "WITH TOTALS", "rollup": "ROLLUP", "cube": "CUBE",
+                    "grouping_sets": "GROUPING SETS"}.get(key, key.upper())
+            raise _reject(f"GROUP BY ... {name} is not supported: group by plain columns or expressions")
+        if not group.expressions:
+            raise _reject("empty GROUP BY")
+
+    limit = tree.args.get("limit")
+    if limit is not None:
+        if limit.args.get("expressions"):
+            raise _reject("LIMIT ... BY is not supported")
+        opts = limit.args.get("limit_options")
+        if opts is not None and any(opts.args.get(k) for k in ("with_ties", "percent", "rows")):
+            raise _reject("LIMIT ... WITH TIES / PERCENT is not supported")
+        if isinstance(limit, exp.Fetch):
+            raise _reject("FETCH is not supported; use LIMIT")
+        _check_int_literal(limit.args.get("expression"), "LIMIT")
+    offset = tree.args.get("offset")
+    if offset is not None:
+        _check_int_literal(offset.args.get("expression"), "OFFSET")
+
+    order = tree.args.get("order")
+    if order is not None:
+        for item in order.expressions:
+            if isinstance(item, exp.Ordered) and item.args.get("with_fill"):
+                raise _reject("ORDER BY ... WITH FILL is not supported")
+
+
+def _check_int_literal(node, what: str) -> None:
+    if not (isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit()):
+        raise _reject(f"{what} must be a non-negative integer literal")
+
+
+def _check_nodes(tree: exp.Select) -> None:
+    """Constructs that are rejected wherever they appear in the statement."""
+    for node in tree.walk():
+        if node is tree:
+            continue
+        if isinstance(node, (exp.Select, exp.Subquery, exp.Union, exp.Exists)):
+            raise _reject("subqueries are not supported (in SELECT, WHERE, IN or elsewhere): "
+                          "use a literal list, e.g. x IN (1, 2, 3)")
+        if isinstance(node, exp.Window):
+            raise _reject("window functions (... OVER (...)) are not supported")
+        if isinstance(node, exp.Lambda):
+            raise _reject("lambda expressions (x -> ...) are not supported")
+        if isinstance(node, (exp.Placeholder, exp.Parameter)):
+            raise _reject("query parameters/placeholders are not supported: write literal values")
+        if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count):
+            raise _reject("SELECT * is not supported: select group keys and DP aggregates")
+        if isinstance(node, exp.Join):
+            raise _reject("JOIN is not supported: a query reads exactly one catalogued table")
+        if isinstance(node, (exp.Explode,)) or (isinstance(node, exp.Anonymous) and node.name.lower() == "arrayjoin"):
+            raise _reject("arrayJoin() is not supported (it changes the rows a unit contributes)")

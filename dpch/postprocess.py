@@ -1,0 +1,196 @@
+"""Stage 6 of the controller: post-processing of released values (free of privacy cost).
+
+``postprocess(df, plan, rewritten, receipt=None) -> DataFrame``:
+
+- drops the internal noisy quantities (``__dp_n<i>_out``) after using them;
+- computes a confidence interval (default level 0.95, option ``confidence=``) for every DP
+  aggregate column, for the value of the aggregate on the *bounded* data (after contribution
+  bounding and clipping; the bias those introduce is not in the interval):
+  COUNT/SUM: the noisy value ± the exact discrete-noise half-width of its mechanism
+  (``dpch.mechanisms``), counts clamped at 0; AVG and VAR/STDDEV: the interval image of the
+  component intervals (each at level 1 - (1 - level)/m for m components, union bound), clamped
+  to the value bounds. Derived columns (arithmetic over aggregates) get no interval;
+- attaches metadata in ``df.attrs["dpch"]`` (documented in docs/CONTROLLER.md):
+  ``columns[name]`` = kind ("key", "aggregate", "derived", "constant"), aggregate, mechanism,
+  noise_scale (in value units), sensitivity, epsilon, delta, ci_level, ci_low, ci_high (lists);
+  plus epsilon, delta (charged), receipt, table, key_mode, selection, sql (salt masked);
+- with ``with_ci=True``, adds columns ``<name>_ci_low`` and ``<name>_ci_high`` after each
+  aggregate column.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .plan import AggregatePlan, Plan, Quantity
+from .rewrite import Rewritten
+
+
+def _halfwidth_value(q: Quantity, level: float) -> float:
+    return q.ci_halfwidth_units(level) * q.grid
+
+
+def _interval_div(a_lo, a_hi, n_lo, n_hi):
+    """[a]/[n] with n > 0 elementwise (numpy arrays)."""
+    c = np.stack([a_lo / n_lo, a_lo / n_hi, a_hi / n_lo, a_hi / n_hi])
+    return c.min(axis=0), c.max(axis=0)
+
+
+def aggregate_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], level: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    qs = plan.quantities
+    func = ap.func
+    if func in ("count", "count_distinct_unit"):
+        q = qs[ap.roles["count"]]
+        v = noisy[q.index].astype(float)
+        h = _halfwidth_value(q, level)
+        return np.maximum(v - h, 0.0), np.maximum(v + h, 0.0)
+    if func == "sum":
+        q = qs[ap.roles["sum"]]
+        v = noisy[q.index].astype(float) * q.grid
+        h = _halfwidth_value(q, level)
+        return v - h, v + h
+    m = 3 if "sumsq" in ap.roles else 2
+    lv = 1.0 - (1.0 - level) / m
+    qn, qs1 = qs[ap.roles["count"]], qs[ap.roles["sum"]]
+    n = noisy[qn.index].astype(float)
+    hn = _halfwidth_value(qn, lv)
+    n_lo = np.maximum(n - hn, 1.0)
+    n_hi = np.maximum(n + hn, 1.0)
+    s = noisy[qs1.index].astype(float) * qs1.grid
+    hs = _halfwidth_value(qs1, lv)
+    mean_lo, mean_hi = _interval_div(s - hs, s + hs, n_lo, n_hi)
+    lo, hi = ap.value_interval  # type: ignore[misc]
+    if func == "avg":
+        return (np.clip(ap.centre + mean_lo, lo, hi), np.clip(ap.centre + mean_hi, lo, hi))
+    q2 = qs[ap.roles["sumsq"]]
+    s2 = noisy[q2.index].astype(float) * q2.grid
+    h2 = _halfwidth_value(q2, lv)
+    m2_lo, m2_hi = _interval_div(s2 - h2, s2 + h2, n_lo, n_hi)
+    m2_lo, m2_hi = m2_lo + q2.centre, m2_hi + q2.centre
+    straddle = (mean_lo <= 0) & (mean_hi >= 0)
+    sq_lo = np.where(straddle, 0.0, np.minimum(mean_lo ** 2, mean_hi ** 2))
+    sq_hi = np.maximum(mean_lo ** 2, mean_hi ** 2)
+    hw2 = ap.halfwidth ** 2
+    var_lo = np.clip(m2_lo - sq_hi, 0.0, hw2)
+    var_hi = np.clip(m2_hi - sq_lo, 0.0, hw2)
+    if func in ("var_samp", "stddev_samp"):
+        # factor N/(N-1) is decreasing in N; N >= 1 (N = 1 uses factor 1, as the SQL does)
+        f_lo = n_hi / np.maximum(n_hi - 1.0, 1.0)
+        f_hi = n_lo / np.maximum(n_lo - 1.0, 1.0)
+        var_lo, var_hi = var_lo * np.minimum(f_lo, f_hi), var_hi * np.maximum(f_lo, f_hi)
+    if func.startswith("stddev"):
+        return np.sqrt(var_lo), np.sqrt(var_hi)
+    return var_lo, var_hi
+
+
+def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any]]:
+    """Per output column: kind and, for aggregates, mechanism/scale/sensitivity/budget."""
+    meta: dict[str, dict[str, Any]] = {}
+    level = plan.options.confidence
+    for out in plan.bound.outputs:
+        info: dict[str, Any] = {"kind": out.kind}
+        if out.kind == "key":
+            key = plan.bound.keys[out.ref]  # type: ignore[index]
+            info["key"] = key.sql
+            info["release"] = ("public key domain" if plan.key_mode == "public"
+                               else "private partition selection")
+        elif out.kind == "aggregate":
+            ap = plan.aggregates[out.ref]  # type: ignore[index]
+            parts = {role: plan.quantities[qi] for role, qi in ap.roles.items()}
+            mechs = sorted({q.mechanism if not q.is_selection else "laplace" for q in parts.values()})
+            info.update({
+                "aggregate": ap.call.text,
+                "function": ap.func,
+                "mechanism": mechs[0] if len(mechs) == 1 else "+".join(mechs),
+                "ci_level": level,
+            })
+            if len(parts) == 1:
+                q = next(iter(parts.values()))
+                info.update(_quantity_meta(q, level))
+            else:
+                info["components"] = {role: dict(label=q.label, **_quantity_meta(q, level))
+                                      for role, q in parts.items()}
+                info["epsilon"] = sum(q.epsilon for q in parts.values())
+                info["delta"] = sum(q.delta for q in parts.values())
+                info["value_bounds"] = list(ap.value_interval) if ap.value_interval else None
+        elif out.kind == "derived":
+            info["mechanism"] = "post-processing of released values"
+        meta[out.name] = info
+    return meta
+
+
+def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
+    sens = q.l1 if q.mechanism == "laplace" else q.l2
+    return {
+        "mechanism": q.mechanism,
+        "noise_scale": q.scale * q.grid,  # b or σ in value units
+        "sensitivity": sens * q.grid,  # L1 (Laplace) or L2 (Gaussian), value units
+        "epsilon": q.epsilon,
+        "delta": q.delta,
+        "ci_halfwidth": _halfwidth_value(q, level),
+        "shared_with_partition_selection": q.is_selection,
+    }
+
+
+def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: Any = None,
+                controller_ms: float | None = None) -> pd.DataFrame:
+    level = plan.options.confidence
+    noisy: dict[int, np.ndarray] = {}
+    for q, col in zip(plan.quantities, rewritten.internal_columns):
+        noisy[q.index] = df[col].to_numpy() if col in df.columns else np.zeros(len(df))
+    out = df.drop(columns=[c for c in rewritten.internal_columns if c in df.columns]).reset_index(drop=True)
+    for q in plan.quantities:
+        noisy[q.index] = np.asarray(noisy[q.index]).reshape(-1)
+    meta = column_metadata(plan, rewritten)
+    for o in plan.bound.outputs:
+        if o.kind != "aggregate":
+            continue
+        ap = plan.aggregates[o.ref]  # type: ignore[index]
+        lo, hi = aggregate_ci(ap, plan, noisy, level)
+        meta[o.name]["ci_low"] = [float(x) for x in lo]
+        meta[o.name]["ci_high"] = [float(x) for x in hi]
+    if plan.options.with_ci:
+        cols = []
+        for name in out.columns:
+            cols.append(name)
+        new = {}
+        for o in plan.bound.outputs:
+            new[o.name] = out[o.name]
+            if o.kind == "aggregate":
+                new[f"{o.name}_ci_low"] = meta[o.name]["ci_low"]
+                new[f"{o.name}_ci_high"] = meta[o.name]["ci_high"]
+        out = pd.DataFrame(new)
+    sel = plan.selection
+    out.attrs["dpch"] = {
+        "table": plan.entry.table,
+        "privacy_unit": plan.entry.privacy_unit,
+        "neighbour": plan.entry.neighbour,
+        "epsilon": plan.cost.epsilon,
+        "delta": plan.cost.delta,
+        "confidence": level,
+        "key_mode": plan.key_mode,
+        "selection": None if sel is None else {
+            "threshold": sel.threshold, "epsilon": sel.epsilon, "delta": sel.delta,
+            "noise_scale": sel.scale, "max_new_groups_per_unit": sel.new_groups},
+        "columns": meta,
+        "receipt": getattr(receipt, "id", receipt),
+        "sql": rewritten.display_sql,
+        "controller_ms": controller_ms,
+    }
+    return out
+
+
+def result_metadata(df: pd.DataFrame) -> dict:
+    """The DPCH metadata of a result (``df.attrs["dpch"]``)."""
+    meta = df.attrs.get("dpch")
+    if meta is None:
+        raise KeyError("this DataFrame carries no DPCH metadata")
+    return meta
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)

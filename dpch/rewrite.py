@@ -1,0 +1,270 @@
+"""Stage 4 of the controller: the plan as ONE ClickHouse query.
+
+``rewrite(plan) -> Rewritten``. The query is a chain of subqueries, innermost first (each a small
+pass, as in sqlglot's optimizer):
+
+1. ``rows``: the table, filtered by the analyst's WHERE (and by the public key domains), projected
+   to the privacy unit, the group keys, the keyed hash ``sipHash64Keyed(<salt key>, unit, keys)``
+   and each quantity's per-row contribution in fixed-point units (columns and values clipped).
+2. ``per_unit``: per-unit pre-aggregation with contribution bounding. Which groups of a unit are
+   kept depends only on that unit's rows (smallest keyed hashes; never ``rand()``):
+   - no GROUP BY: one row per unit (``GROUP BY unit``);
+   - k = 1: one pass, ``argMin``/``countArgMin``/``sumArgMin`` over the keyed hash keep the
+     unit's rows of its group with the smallest hash;
+   - k > 1: ``GROUP BY (unit, hash)``, then ``groupArraySorted(k)`` per unit keeps the k groups
+     with the smallest hashes, and ``ARRAY JOIN`` unfolds them.
+   A unit's rows are then capped at C per group and M in total (in hash order of its groups); when
+   a unit has c > r allowed rows in a group, each of its sums is scaled by r/c and clamped to
+   r·[L, H] (the per-unit contribution clamp), so its contribution is exactly that of r rows.
+   Row-level tables skip this stage (each row is its own unit).
+3. ``groups``: native aggregation per group (Int64 sums: exact), optionally LEFT JOINed from the
+   public key domain (every public key appears, missing ones with 0).
+4. ``noised``: each quantity through ``dpch_laplace_int``/``dpch_gaussian_int`` exactly once.
+5. ``released``: partition selection (``noisy units >= T``), aggregate values computed from the
+   noisy quantities (AVG = centre + g·S/max(N, 1) clamped, VAR/STDDEV from centred sums, counts
+   clamped at 0): post-processing.
+6. outer query: the analyst's output expressions, HAVING (as a filter on released values), ORDER BY
+   and LIMIT over released values only, plus the internal noisy quantities ``__dp_n<i>`` that the
+   post-processing stage uses for confidence intervals and then drops.
+
+The secret salt only appears in ``Rewritten.sql`` (what runs); ``Rewritten.display_sql`` (what
+explain shows) has ``<secret salt>`` instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .bind import sql_of
+from .catalog import quote_ident
+from .plan import Plan, Quantity, _flit
+
+SALT_PLACEHOLDER = "/*<secret salt>*/"
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    sql: str  # executable (contains the salt)
+    display_sql: str  # for explain/logs (salt masked)
+    output_names: tuple[str, ...]  # the analyst's columns, in order
+    internal_columns: tuple[str, ...]  # __dp_n<i> columns appended for post-processing
+
+
+def _indent(sql: str, n: int = 2) -> str:
+    pad = " " * n
+    return "\n".join(pad + line for line in sql.splitlines())
+
+
+class _Rewriter:
+    def __init__(self, plan: Plan, *, noise: bool, selection: bool, table: str | None):
+        self.plan = plan
+        self.noise = noise
+        self.selection = selection
+        e = plan.entry
+        self.table_sql = table or f"{quote_ident(e.database)}.{quote_ident(e.name)}"
+        self.keys = list(plan.bound.keys)
+        self.nk = len(self.keys)
+        self.row_qs = [q for q in plan.quantities if q.row_sql is not None]
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _where(self) -> str:
+        parts = []
+        if self.plan.bound.where is not None:
+            parts.append(f"({sql_of(self.plan.bound.where)})")
+        for key, dom in zip(self.keys, self.plan.key_domains):
+            if dom is not None and dom.filter_sql:
+                parts.append(f"({dom.filter_sql})")
+        return ("\nWHERE " + " AND ".join(parts)) if parts else ""
+
+    def _k(self, j: int) -> str:
+        return f"__dp_k{j}"
+
+    def _key_list(self) -> str:
+        return ", ".join(self._k(j) for j in range(self.nk))
+
+    def _group_by(self) -> str:
+        return f"\nGROUP BY {self._key_list()}" if self.nk else ""
+
+    def _q_agg(self, q: Quantity, rows_col: str, units_col: str, sum_prefix: str) -> str:
+        if q.kind == "units":
+            return units_col
+        if q.row_sql is None:
+            return rows_col
+        return f"sum({sum_prefix}{self.row_qs.index(q)})"
+
+    # -- stages -----------------------------------------------------------------------------
+    def groups_sql(self) -> str:
+        """Stages 1-3: per-group bounded aggregates, columns __dp_k<j>, __dp_q<i>."""
+        p = self.plan
+        keys_proj = [f"{sql_of(k.expr)} AS {self._k(j)}" for j, k in enumerate(self.keys)]
+        if p.entry.row_level:
+            cols = keys_proj + [
+                f"{self._q_agg(q, 'toInt64(count())', 'toInt64(count())', '__dp_e')} AS {q.column}"
+                if q.row_sql is None else f"sum({q.row_sql}) AS {q.column}"
+                for q in p.quantities]
+            return f"SELECT {', '.join(cols)}\nFROM {self.table_sql}{self._where()}{self._group_by()}"
+
+        unit = quote_ident(p.entry.privacy_unit)  # type: ignore[arg-type]
+        b = p.bounding
+        rk = [f"{sql_of(k.expr)} AS __dp_rk{j}" for j, k in enumerate(self.keys)]
+        re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)]
+        hash_sql = ""
+        if self.nk:
+            hash_args = ", ".join(["__dp_u"] + [f"__dp_rk{j}" for j in range(self.nk)])
+            hash_sql = f"sipHash64Keyed({SALT_PLACEHOLDER}, {hash_args}) AS __dp_h"
+        rows = ", ".join([f"{unit} AS __dp_u"] + rk + ([hash_sql] if hash_sql else []) + re)
+        rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{self._where()}"
+
+        s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))]
+        if not self.nk or b.k == 1:
+            cap = min(b.max_rows, b.rows_per_group)
+            if not self.nk:
+                per_unit_cols = ["toInt64(count()) AS __dp_c"] + [
+                    f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            else:
+                per_unit_cols = [f"argMin(__dp_rk{j}, __dp_h) AS {self._k(j)}" for j in range(self.nk)] + \
+                    ["toInt64(countArgMin(__dp_h)) AS __dp_c"] + \
+                    [f"sumArgMin(__dp_re{i}, __dp_h) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            per_unit = (f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u")
+            scaled = [f"{self._k(j)}" for j in range(self.nk)] + [f"least(__dp_c, {cap}) AS __dp_r"]
+            for i, q in enumerate(self.row_qs):
+                scaled.append(
+                    f"if(__dp_c <= {cap}, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * {cap} / __dp_c)), "
+                    f"{cap * q.lo_units}), {cap * q.hi_units})) AS __dp_b{i}")
+            bounded = f"SELECT {', '.join(scaled)}\nFROM (\n{_indent(per_unit)}\n)"
+        else:
+            k, C, M = b.k, b.rows_per_group, b.max_rows
+            stage1_cols = ["__dp_u", "__dp_h"] + [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)] + \
+                ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
+            tup = ", ".join(["__dp_h", "__dp_c"] + [self._k(j) for j in range(self.nk)] + s_cols)
+            stage2 = (f"SELECT __dp_u, groupArraySorted({k})(tuple({tup})) AS __dp_arr\nFROM (\n{_indent(stage1)}\n)\n"
+                      f"GROUP BY __dp_u")
+            stage2b = (f"SELECT __dp_arr, arrayMap(__dp_t -> least(tupleElement(__dp_t, 2), {C}), __dp_arr) AS __dp_cap, "
+                       f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), __dp_cap, "
+                       f"arrayCumSum(__dp_cap)) AS __dp_ra\nFROM (\n{_indent(stage2)}\n)")
+            unfold_cols = [f"tupleElement(__dp_arr[__dp_i], {3 + j}) AS {self._k(j)}" for j in range(self.nk)] + \
+                ["tupleElement(__dp_arr[__dp_i], 2) AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
+                [f"tupleElement(__dp_arr[__dp_i], {3 + self.nk + i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            unfold = (f"SELECT {', '.join(unfold_cols)}\nFROM (\n{_indent(stage2b)}\n)\n"
+                      f"ARRAY JOIN arrayEnumerate(__dp_arr) AS __dp_i")
+            scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"]
+            for i, q in enumerate(self.row_qs):
+                scaled.append(
+                    f"if(__dp_c <= __dp_r, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * __dp_r / __dp_c)), "
+                    f"__dp_r * ({q.lo_units})), __dp_r * {q.hi_units})) AS __dp_b{i}")
+            bounded = f"SELECT {', '.join(scaled)}\nFROM (\n{_indent(unfold)}\n)"
+
+        group_cols = [self._k(j) for j in range(self.nk)]
+        for q in p.quantities:
+            if q.kind == "units":
+                group_cols.append(f"toInt64(count()) AS {q.column}")
+            elif q.row_sql is None:
+                group_cols.append(f"toInt64(sum(__dp_r)) AS {q.column}")
+            else:
+                group_cols.append(f"toInt64(sum(__dp_b{self.row_qs.index(q)})) AS {q.column}")
+        return f"SELECT {', '.join(group_cols)}\nFROM (\n{_indent(bounded)}\n){self._group_by()}"
+
+    def with_public_keys(self, groups: str) -> str:
+        p = self.plan
+        if p.key_mode != "public":
+            return groups
+        key_cols = ", ".join(f"arrayJoin({d.array_sql}) AS {self._k(j)}"  # type: ignore[union-attr]
+                             for j, d in enumerate(p.key_domains))
+        on = " AND ".join(f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
+        cols = [f"__dp_keys.{self._k(j)} AS {self._k(j)}" for j in range(self.nk)] + \
+            [f"toInt64(ifNull(__dp_agg.{q.column}, 0)) AS {q.column}" for q in p.quantities]
+        return (f"SELECT {', '.join(cols)}\nFROM (SELECT {key_cols}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
+                f"AS __dp_agg ON {on}")
+
+    def noised_sql(self, inner: str) -> str:
+        cols = [self._k(j) for j in range(self.nk)]
+        for q in self.plan.quantities:
+            value = f"toInt64({q.column})"
+            cols.append(f"{q.noise_sql(value) if self.noise else value} AS {q.noisy_column}")
+        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
+
+    def _agg_value_sql(self, i: int) -> str:
+        ap = self.plan.aggregates[i]
+        qs = self.plan.quantities
+        if ap.func in ("count", "count_distinct_unit"):
+            return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
+        if ap.func == "sum":
+            q = qs[ap.roles["sum"]]
+            return f"({q.noisy_column} * {_flit(q.grid)})"
+        n = f"greatest({qs[ap.roles['count']].noisy_column}, 1)"
+        s = qs[ap.roles["sum"]]
+        lo, hi = ap.value_interval  # type: ignore[misc]
+        mean_c = f"({s.noisy_column} * {_flit(s.grid)} / {n})"
+        if ap.func == "avg":
+            return f"least(greatest({_flit(ap.centre)} + {mean_c}, {_flit(lo)}), {_flit(hi)})"
+        sq = qs[ap.roles["sumsq"]]
+        hw2 = ap.halfwidth * ap.halfwidth
+        m2 = f"({sq.noisy_column} * {_flit(sq.grid)} / {n} + {_flit(sq.centre)})"
+        var_pop = f"least(greatest({m2} - pow({mean_c}, 2), 0.), {_flit(hw2)})"
+        if ap.func == "var_pop":
+            return var_pop
+        if ap.func == "stddev_pop":
+            return f"sqrt({var_pop})"
+        var_samp = f"({var_pop} * {n} / greatest({n} - 1, 1))"
+        if ap.func == "var_samp":
+            return var_samp
+        return f"sqrt({var_samp})"
+
+    def released_sql(self, inner: str) -> str:
+        p = self.plan
+        cols = [self._k(j) for j in range(self.nk)]
+        cols += [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates))]
+        cols += [q.noisy_column for q in p.quantities]
+        where = ""
+        if p.selection is not None and self.selection:
+            sel_q = p.quantities[p.selection.quantity]
+            where = f"\nWHERE {sel_q.noisy_column} >= {p.selection.threshold}"
+        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n){where}"
+
+    def outer_sql(self, inner: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        bound = self.plan.bound
+        cols = [f"{sql_of(o.template)} AS {quote_ident(o.name)}" for o in bound.outputs]
+        internal = tuple(q.noisy_column for q in self.plan.quantities)
+        cols += [f"{c} AS {c}_out" for c in internal]
+        sql = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
+        if bound.having is not None:
+            sql += f"\nWHERE {sql_of(bound.having)}"
+        if bound.order:
+            items = []
+            for o in bound.order:
+                s = sql_of(o.template) + (" DESC" if o.desc else " ASC")
+                if o.nulls_first is not None:
+                    s += " NULLS FIRST" if o.nulls_first else " NULLS LAST"
+                items.append(s)
+            sql += f"\nORDER BY {', '.join(items)}"
+        elif self.nk:
+            sql += f"\nORDER BY {self._key_list()}"
+        if bound.limit is not None:
+            sql += f"\nLIMIT {bound.limit}"
+            if bound.offset:
+                sql += f" OFFSET {bound.offset}"
+        elif bound.offset:
+            sql += f"\nLIMIT 18446744073709551615 OFFSET {bound.offset}"
+        return sql, tuple(o.name for o in bound.outputs), tuple(f"{c}_out" for c in internal)
+
+    def build(self) -> Rewritten:
+        groups = self.groups_sql()
+        keyed = self.with_public_keys(groups)
+        noised = self.noised_sql(keyed)
+        released = self.released_sql(noised)
+        display, names, internal = self.outer_sql(released)
+        sql = display.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql())
+        return Rewritten(sql=sql, display_sql=display.replace(SALT_PLACEHOLDER, "<secret salt>"),
+                         output_names=names, internal_columns=internal)
+
+
+def rewrite(plan: Plan) -> Rewritten:
+    """The executable query for ``plan`` (noise on, partition selection on)."""
+    return _Rewriter(plan, noise=True, selection=True, table=None).build()
+
+
+def rewrite_for_sensitivity_check(plan: Plan, *, table: str | None = None) -> Rewritten:
+    """TESTS ONLY: the same query with the noise UDF calls replaced by the identity and partition
+    selection off, optionally on another table (a neighbouring dataset D′). The controller never
+    calls this; its output is not private."""
+    return _Rewriter(plan, noise=False, selection=False, table=table).build()
