@@ -25,6 +25,10 @@ class MechanismCost:
     delta: float = 0.0
     rho: float | None = None  # zCDP cost, Gaussian only: sensitivity² / (2 scale²)
     label: str = ""  # e.g. "SUM(amount)"; never a data value
+    # Output DP (odp_privacy_accounting.md, Def. 2, Alg. 1 line 6): the values E(P_k) of the ODP
+    # partition this mechanism declares *before* it runs. Empty = the trivial partition (Lemma 3):
+    # no a posteriori refund is possible. Only read by `Ledger.settle`.
+    odp_epsilons: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
