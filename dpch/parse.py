@@ -222,5 +222,11 @@ def _check_nodes(tree: exp.Select) -> None:
             raise _reject("SELECT * is not supported: select group keys and DP aggregates")
         if isinstance(node, exp.Join):
             raise _reject("JOIN is not supported: a query reads exactly one catalogued table")
+        if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
+            name = node.this if isinstance(node.this, str) else node.name
+            if name.lower().startswith(("dp_", "dpch_")):
+                raise _reject(f"the query calls {name}(...): DPCH adds the noise itself (with the calibrated "
+                              "scale and the budget charged); write the plain aggregate (COUNT, SUM, AVG, ...) "
+                              "instead of dp_*/dpch_* functions")
         if isinstance(node, (exp.Explode,)) or (isinstance(node, exp.Anonymous) and node.name.lower() == "arrayjoin"):
             raise _reject("arrayJoin() is not supported (it changes the rows a unit contributes)")

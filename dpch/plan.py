@@ -687,10 +687,8 @@ def _zcdp_to_delta(rho: float, eps: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def vector_gaussian_sigma(l2: float, eps: float, delta: float) -> float:
-    """σ (integer grid, r = 1) such that the discrete Gaussian on a vector with L2 sensitivity l2
-    is (ε, δ)-DP via zCDP: ρ = l2²/(2σ²) (CKS20 Thm 4), δ(ρ, ε) by CKS20 Cor. 13 (δ is increasing
-    in ρ, so the largest admissible ρ is found by bisection)."""
+def _rho_max(eps: float, delta: float) -> float:
+    """The largest ρ with δ(ρ, ε) <= δ (CKS20 Cor. 13; δ is increasing in ρ): bisection."""
     def ok(rho: float) -> bool:
         return _zcdp_to_delta(rho, eps) <= delta
 
@@ -705,10 +703,25 @@ def vector_gaussian_sigma(l2: float, eps: float, delta: float) -> float:
             hi = mid
     if lo <= 0:
         raise InvalidParameter("no finite sigma reaches this privacy level")
-    sigma = l2 / math.sqrt(2 * lo) * (1 + 1e-12)
-    if sigma <= 2 ** 20:  # the kernel's σ_u >= σ on the integer grid (rounding up only adds noise)
-        return sigma
-    raise InvalidParameter("the noise for this query is too large for the integer kernel; raise epsilon")
+    return lo
+
+
+def vector_gaussian_sigma(l2: float, eps: float, delta: float, coords: int = 1) -> float:
+    """σ for ``dpch_gaussian_int`` such that the discrete Gaussian on a vector with L2 sensitivity
+    l2 (at most ``coords`` coordinates change) is (ε, δ)-DP via zCDP: ρ = d²/(2σ²) (CKS20 Thm 4),
+    δ(ρ, ε) by CKS20 Cor. 13. When σ > 2^20 the kernel rounds values to the grid r = grid(σ, 20),
+    which moves each changed coordinate by at most one more grid unit: d = l2 + r·sqrt(coords)."""
+    rho = _rho_max(eps, delta)
+    sigma = l2 / math.sqrt(2 * rho) * (1 + 1e-12)
+    for _ in range(64):
+        r = cal.granularity(sigma, cal.GAUSSIAN_GRID_BITS, True)
+        if r == 1.0:
+            return sigma
+        need = (l2 + 2 * r * math.sqrt(coords)) / math.sqrt(2 * rho) * (1 + 1e-12)
+        if need <= sigma and cal.granularity(need, cal.GAUSSIAN_GRID_BITS, True) <= r:
+            return max(sigma, need)
+        sigma = need
+    raise InvalidParameter("no stable Gaussian sigma for this query")  # pragma: no cover
 
 
 def selection_threshold(scale: float, delta_sel: float, new_groups: int) -> int:
@@ -1020,7 +1033,7 @@ class _Planner:
                 b = cal.laplace_scale(q.l1, q.epsilon)
                 # a fast estimate decides (accuracy only; the σ actually used is calibrated below)
                 if q.multi_coordinate:
-                    sigma = vector_gaussian_sigma(q.l2, q.epsilon, tentative)
+                    sigma = vector_gaussian_sigma(q.l2, q.epsilon, tentative, self._coords())
                 else:
                     sigma = cal.analytic_gaussian_sigma(q.l2, q.epsilon, tentative)
                 choice[q.index] = "gaussian" if sigma < math.sqrt(2.0) * b else "laplace"
@@ -1037,10 +1050,14 @@ class _Planner:
             else:
                 q.scale = self._gaussian_scale(q, q.epsilon, q.delta)
 
-    @staticmethod
-    def _gaussian_scale(q: Quantity, eps: float, delta: float) -> float:
+    def _coords(self) -> int:
+        """How many released values one unit can move (per quantity)."""
+        b = self.bounding
+        return b.k * (2 if b.neighbour == "substitute" else 1)
+
+    def _gaussian_scale(self, q: Quantity, eps: float, delta: float) -> float:
         if q.multi_coordinate:
-            return vector_gaussian_sigma(q.l2, eps, delta)
+            return vector_gaussian_sigma(q.l2, eps, delta, self._coords())
         # one released value moves, by an integer number of units (module docstring, point 5)
         d = float(round(q.l2))
         assert abs(d - q.l2) < 1e-9 * max(1.0, d), "single-coordinate L2 sensitivity must be an integer"
@@ -1054,8 +1071,10 @@ class _Planner:
         if q.mechanism == "laplace":
             return LaplaceMechanism(q.scale, True).cost(q.l1, q.epsilon, label=label)
         if q.multi_coordinate:
-            return MechanismCost(kind="gaussian", sensitivity=q.l2, scale=q.scale, epsilon=q.epsilon,
-                                 delta=q.delta, rho=cal.zcdp_rho(q.l2, q.scale), label=label)
+            r = cal.granularity(q.scale, cal.GAUSSIAN_GRID_BITS, True)
+            d = q.l2 if r == 1.0 else q.l2 + r * math.sqrt(self._coords())
+            return MechanismCost(kind="gaussian", sensitivity=d, scale=q.scale, epsilon=q.epsilon,
+                                 delta=q.delta, rho=cal.zcdp_rho(d, q.scale), label=label)
         return GaussianMechanism(q.scale, True).cost(q.l2, q.delta, q.epsilon, label=label)
 
 

@@ -1,0 +1,211 @@
+"""`dpch query`, `dpch explain` and `dpch catalog register|show|list|drop`.
+
+    dpch query "SELECT region, COUNT(*) FROM purchases GROUP BY region" --epsilon 1 [--delta 1e-6]
+    dpch explain "SELECT AVG(age) FROM purchases" --epsilon 1
+    dpch catalog register purchases --privacy-unit user_id --bounds amount=0:500 --bounds age=18:100 \\
+        --max-groups 1 --max-rows 10 --public-keys region=EU,US,ASIA
+    dpch catalog show purchases | dpch catalog list | dpch catalog drop purchases
+
+Connection options (all subcommands): ``--data-dir DIR`` (embedded engine; default $DPCH_DATA_DIR or
+./.dpch_data) or ``--server URL`` with ``--user/--password/--database``; ``--analyst NAME``
+(default: the OS user); ``--ledger PATH``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _connect(args):
+    import dpch
+
+    target = args.server or args.data_dir
+    return dpch.connect(target, user=args.user, password=args.password, database=args.database,
+                        analyst=args.analyst, ledger_path=args.ledger)
+
+
+def _common(sp) -> None:
+    g = sp.add_argument_group("connection")
+    g.add_argument("--data-dir", default=None, help="embedded engine data directory")
+    g.add_argument("--server", default=None, metavar="URL", help="ClickHouse server, e.g. http://localhost:8123")
+    g.add_argument("--user", default="default")
+    g.add_argument("--password", default="")
+    g.add_argument("--database", default="default")
+    g.add_argument("--analyst", default=None, help="analyst name charged in the ledger (default: OS user)")
+    g.add_argument("--ledger", default=None, metavar="PATH", help="ledger file")
+
+
+def _query_args(sp) -> None:
+    sp.add_argument("sql", help="the analyst SQL (one SELECT)")
+    sp.add_argument("--epsilon", type=_float, required=True)
+    sp.add_argument("--delta", type=_float, default=0.0)
+    sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian"], default="auto")
+    sp.add_argument("--weight", action="append", default=[], metavar="LABEL=W",
+                    help="budget weight for an output column/quantity label/partition_selection (repeatable)")
+    sp.add_argument("--keys", action="append", default=[], metavar="KEY=V1,V2,...",
+                    help="public key values for a GROUP BY key for this query (repeatable)")
+    _common(sp)
+
+
+def _options(args) -> dict:
+    opts: dict = {"mechanism": args.mechanism}
+    if args.weight:
+        weights = {}
+        for w in args.weight:
+            label, _, value = w.rpartition("=")
+            if not label:
+                raise SystemExit(f"dpch: error: --weight expects LABEL=W, got {w!r}")
+            weights[label] = _float(value)
+        opts["weights"] = weights
+    if args.keys:
+        opts["keys"] = {k: v for k, v in (_parse_keys(item) for item in args.keys)}
+    return opts
+
+
+def _parse_value(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        f = float(text)
+        if math.isfinite(f):
+            return f
+    except ValueError:
+        pass
+    return text
+
+
+def _parse_keys(item: str) -> tuple[str, list]:
+    name, sep, values = item.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"dpch: error: expected KEY=V1,V2,..., got {item!r}")
+    return name, [_parse_value(v) for v in values.split(",") if v != ""]
+
+
+def _print_df(df, fmt: str, with_ci: bool) -> None:
+    if fmt == "csv":
+        df.to_csv(sys.stdout, index=False)
+    elif fmt == "json":
+        print(df.to_json(orient="records"))
+    else:
+        print(df.to_string(index=False))
+    meta = df.attrs.get("dpch", {})
+    if fmt == "table" and meta:
+        print(f"-- cost: epsilon={meta.get('epsilon'):.6g} delta={meta.get('delta'):.3g} "
+              f"(receipt {meta.get('receipt')}); CIs at level {meta.get('confidence')}"
+              + ("" if with_ci else " in df.attrs (use --ci to show)"), file=sys.stderr)
+
+
+def cmd_query(args) -> int:
+    opts = _options(args)
+    opts["with_ci"] = args.ci
+    with _connect(args) as db:
+        df = db.query(args.sql, epsilon=args.epsilon, delta=args.delta, **opts)
+        _print_df(df, args.format, args.ci)
+    return 0
+
+
+def cmd_explain(args) -> int:
+    with _connect(args) as db:
+        ex = db.explain(args.sql, epsilon=args.epsilon, delta=args.delta, **_options(args))
+        if args.json:
+            print(json.dumps(ex.to_dict(), indent=2, default=str))
+        else:
+            print(ex)
+    return 0
+
+
+def _parse_bounds(items: list[str]) -> dict:
+    bounds = {}
+    for item in items:
+        col, sep, rng = item.partition("=")
+        lo, sep2, hi = rng.partition(":")
+        if not (sep and sep2 and col):
+            raise SystemExit(f"dpch: error: --bounds expects COL=LO:HI, got {item!r}")
+        bounds[col] = (_float(lo), _float(hi))
+    return bounds
+
+
+def cmd_catalog_register(args) -> int:
+    with _connect(args) as db:
+        entry = db.catalog.register(
+            args.table, privacy_unit=args.privacy_unit, neighbour=args.neighbour,
+            bounds=_parse_bounds(args.bounds), max_groups_contributed=args.max_groups,
+            max_rows_per_unit=args.max_rows, max_rows_per_group=args.max_rows_per_group,
+            public_keys=dict(_parse_keys(k) for k in args.public_keys),
+            columns=args.columns.split(",") if args.columns else None, rotate_salt=args.rotate_salt)
+        print(entry.describe())
+    return 0
+
+
+def cmd_catalog_show(args) -> int:
+    with _connect(args) as db:
+        entry = db.catalog.get(args.table)
+        print(json.dumps(entry.to_dict(), indent=2) if args.json else entry.describe())
+    return 0
+
+
+def cmd_catalog_list(args) -> int:
+    with _connect(args) as db:
+        for entry in db.catalog.list():
+            print(f"{entry.table}\tunit={entry.privacy_unit or '(row level)'}\t{entry.neighbour}")
+    return 0
+
+
+def cmd_catalog_drop(args) -> int:
+    with _connect(args) as db:
+        db.catalog.drop(args.table)
+        print(f"dropped {args.table} from the privacy catalog")
+    return 0
+
+
+def register(subparsers) -> None:
+    q = subparsers.add_parser("query", help="answer a SELECT with differential privacy (charges the budget)")
+    _query_args(q)
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.add_argument("--ci", action="store_true", help="add <col>_ci_low/<col>_ci_high columns")
+    q.set_defaults(func=cmd_query)
+
+    e = subparsers.add_parser("explain", help="show the rewritten SQL, sensitivities and budget split (free)")
+    _query_args(e)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_explain)
+
+    c = subparsers.add_parser("catalog", help="manage the privacy catalog")
+    c.set_defaults(func=lambda args: (c.print_help(), 2)[1])
+    sub = c.add_subparsers(dest="catalog_command", metavar="ACTION")
+    r = sub.add_parser("register", help="register (or re-register) a table")
+    r.add_argument("table")
+    r.add_argument("--privacy-unit", default=None, help="privacy unit column (omit for row-level privacy)")
+    r.add_argument("--neighbour", choices=["add_remove", "substitute"], default="add_remove")
+    r.add_argument("--bounds", action="append", default=[], metavar="COL=LO:HI")
+    r.add_argument("--max-groups", type=int, default=1, help="max_groups_contributed (k)")
+    r.add_argument("--max-rows", type=int, default=1, help="max_rows_per_unit (M)")
+    r.add_argument("--max-rows-per-group", type=int, default=None)
+    r.add_argument("--public-keys", action="append", default=[], metavar="COL=V1,V2,...")
+    r.add_argument("--columns", default=None, help="comma-separated registered columns (default: all)")
+    r.add_argument("--rotate-salt", action="store_true")
+    _common(r)
+    r.set_defaults(func=cmd_catalog_register)
+    s = sub.add_parser("show", help="show one entry")
+    s.add_argument("table")
+    s.add_argument("--json", action="store_true")
+    _common(s)
+    s.set_defaults(func=cmd_catalog_show)
+    ls = sub.add_parser("list", help="list catalogued tables")
+    _common(ls)
+    ls.set_defaults(func=cmd_catalog_list)
+    d = sub.add_parser("drop", help="remove a table from the catalog")
+    d.add_argument("table")
+    _common(d)
+    d.set_defaults(func=cmd_catalog_drop)
