@@ -13,8 +13,10 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q
 
+# The peers (the `bench` extra) are NOT installed into DPCH's environment: smartnoise-sql pins
+# pandas<3 and opendp<0.15. bench/run_all.py installs them into bench/.venv-peers and
+# bench/.venv-opendp (created on first use) and runs them there; see bench/RESULTS.md.
 bench: install
-	$(PIP) install -q -e '.[bench]'
 	$(PYTHON) bench/run_all.py
 
 clean:

@@ -1,0 +1,128 @@
+"""Keep the benchmark harness (bench/run_all.py) working: run it end to end on tiny data.
+
+No timing assertions: these only check that every system produces well-formed results, that the
+accuracy bookkeeping is right, and that the report and plots are written. The peers run only where
+their virtualenvs exist (`make bench` creates them); otherwise that test is skipped with the reason.
+The harness runs in a subprocess because chDB holds one store per process (tests share theirs).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+sys.path.insert(0, str(BENCH))
+
+from accuracy import Accumulator, discrete_laplace_var, dpch_sum_grid, laplace_var  # noqa: E402
+
+
+def _run_harness(tmp_path: Path, *args: str) -> dict:
+    cmd = [sys.executable, str(BENCH / "run_all.py"), "--data-dir", str(tmp_path / "data"),
+           "--out", str(tmp_path / "results.json"), "--results-md", str(tmp_path / "RESULTS.md"),
+           "--plots-dir", str(tmp_path / "plots"), "--no-install", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def test_accumulator_matches_direct_computation():
+    rng = np.random.default_rng(1)  # test data only; never used for DP noise
+    truth = {"count": [10.0, 0.0, 5.0]}
+    acc = Accumulator(truth)
+    draws = []
+    for i in range(50):
+        v = np.array(truth["count"]) + rng.normal(0, 2, 3)
+        if i % 10 == 0:
+            v[1] = np.nan  # a key not released in this repetition
+        draws.append(v)
+        acc.add({"count": list(v)})
+    s = acc.summary()["count"]
+    d = np.array(draws) - np.array(truth["count"])
+    ok = ~np.isnan(d)
+    assert math.isclose(s["rmse"], math.sqrt(np.mean(d[ok] ** 2)), rel_tol=1e-12)
+    per_key_var = [np.var(d[ok[:, k], k], ddof=1) for k in range(3)]
+    assert math.isclose(s["noise_var"], float(np.mean(per_key_var)), rel_tol=1e-9)
+    assert math.isclose(s["released"], ok.mean(), rel_tol=1e-12)
+    assert s["reps"] == 50 and s["mse_se"] > 0
+
+
+def test_theoretical_variances():
+    # discrete Laplace variance 2e^{-1/b}/(1-e^{-1/b})^2: below 2b^2, and → 2b^2 - 1/6 as b grows
+    assert math.isclose(discrete_laplace_var(1.0), 2 * math.e ** -1 / (1 - math.e ** -1) ** 2)
+    assert discrete_laplace_var(1.0) < laplace_var(1.0)
+    assert abs(discrete_laplace_var(1000.0) - (laplace_var(1000.0) - 1 / 6)) < 1e-3
+    assert dpch_sum_grid(0, 500) == 2.0 ** -11
+
+
+def test_harness_inprocess_systems_tiny(tmp_path):
+    data = _run_harness(tmp_path, "--sizes", "3000", "--peer-sizes", "", "--runs", "2", "--warmup", "1",
+                        "--acc-rows", "1500", "--acc-reps", "5", "--acc-eps", "0.5,1", "--sweep-reps", "3",
+                        "--systems", "plain,dpch_sql,dpch_controller")
+    speed = {(r["qid"], r["system"]): r for r in data["speed"]}
+    for qid in "abcd":
+        assert speed[(qid, "plain")]["status"] == "ok"
+        assert speed[(qid, "dpch_controller")]["status"] == "ok", speed[(qid, "dpch_controller")]
+    for qid in "acd":
+        r = speed[(qid, "dpch_sql")]
+        assert r["status"] == "ok", r
+        assert r["runs"] == 2 and r["min_s"] <= r["median_s"] <= r["max_s"] and r["peak_rss_mib"] > 0
+    assert speed[("b", "dpch_sql")]["status"] == "n/a"
+    acc = {(r["qid"], r["system"], r["eps"]): r for r in data["accuracy"]}
+    for key in (("a", "dpch_sql", 1.0), ("b", "dpch_controller", 1.0), ("b", "dpch_controller", 0.5)):
+        r = acc[key]
+        assert r["status"] == "ok", r
+        assert r["reps_done"] == 5
+        for st in ("count", "sum"):
+            assert r["stats"][st]["rmse"] > 0
+    assert "count_unclamped" in acc[("b", "dpch_controller", 1.0)]["stats"]
+    assert acc[("a", "dpch_sql", 1.0)]["theory"]["count"]["optimum_var"] == pytest.approx(
+        discrete_laplace_var(1.0))
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "## Benchmarks vs peers" in md and "### Targets" in md and "### Accuracy at equal ε" in md
+    assert (tmp_path / "plots" / "time_vs_rows.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "rmse_vs_epsilon.png").stat().st_size > 1000
+    assert any(r["system"] == "smartnoise" for r in data["speed"]) is False
+
+
+def _peer_envs_ready() -> str | None:
+    sys.path.insert(0, str(BENCH))
+    from run_all import ensure_venv
+
+    for env in ("peers", "opendp"):
+        reason = ensure_venv(env, install=False)
+        if reason:
+            return reason
+    return None
+
+
+def test_harness_peers_tiny(tmp_path):
+    reason = _peer_envs_ready()
+    if reason:
+        pytest.skip(f"peer virtualenvs not set up ({reason}); `make bench` creates them")
+    data = _run_harness(tmp_path, "--sizes", "3000", "--peer-sizes", "3000", "--runs", "1", "--warmup", "0",
+                        "--queries", "ab", "--acc-rows", "1500", "--acc-reps", "2", "--acc-min-reps", "2",
+                        "--acc-eps", "1", "--systems", "smartnoise,pipelinedp,opendp_polars")
+    for r in data["speed"]:
+        assert r["status"] == "ok", r
+    assert {r["system"] for r in data["speed"]} == {"smartnoise", "pipelinedp", "opendp_polars"}
+    for r in data["accuracy"]:
+        assert r["status"] == "ok", r
+        assert r["reps_done"] == 2
+
+
+def test_report_replaces_only_its_section(tmp_path):
+    from report_peers import write_section
+
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\n## UDF throughput\n\nkeep me\n\n## Benchmarks vs peers\n\nSTALE-PEER-NUMBERS\n\n## Other\n\nkeep too\n")
+    write_section({"speed": [], "accuracy": []}, md, [], section="## Benchmarks vs peers")
+    text = md.read_text()
+    assert "keep me" in text and "keep too" in text and "STALE-PEER-NUMBERS" not in text
+    assert text.index("## UDF throughput") < text.index("## Benchmarks vs peers") < text.index("## Other")
