@@ -1,0 +1,16 @@
+"""Empirical privacy audit on neighbouring datasets (`dpch audit`; dpch_paper.md, component 3).
+
+Runs a mechanism many times on a dataset D and on a neighbour D′, chooses output events on one
+half of the samples (threshold/interval search and learned distinguishers, after StatDP and
+DP-Sniper), certifies them on the other half with Clopper–Pearson bounds, and reports the
+empirical lower bound ε_LB = ln((p̲_D(S) − δ)/p̄_D′(S)) with a verdict. See docs/AUDIT.md.
+"""
+from .analysis import Analysis, analyse
+from .api import audit, audit_samplers, audit_samples, controller_sql
+from .neighbours import KINDS as NEIGHBOUR_KINDS
+from .report import AuditReport
+from .stats import cp_lower, cp_upper, epsilon_lower_bound, mi_accuracy_bound
+
+__all__ = ["audit", "audit_samples", "audit_samplers", "controller_sql", "AuditReport", "Analysis",
+           "analyse", "NEIGHBOUR_KINDS", "cp_lower", "cp_upper", "epsilon_lower_bound",
+           "mi_accuracy_bound"]

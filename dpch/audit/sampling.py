@@ -1,0 +1,443 @@
+"""Running the mechanism N times on D and on D′, vectorised.
+
+One query draws many samples: the audited table is replaced by
+
+    (SELECT t.*, n.number AS __rep FROM <D or D′> AS t CROSS JOIN numbers(a, b − a) AS n) AS <alias>
+
+and a sqlglot pass threads `__rep` through every SELECT on the path from that table to the top:
+it becomes an extra GROUP BY key (or the only one, for global aggregates), an extra projection, an
+extra PARTITION BY key of window functions, the BY of LIMIT, and an extra equality in joins of two
+replicated inputs. Each value of `__rep` is then one independent run of the query: the aggregation
+and clipping run natively per replica and the noise UDF is called once per (replica, group) row,
+drawing fresh noise each time (the UDFs are non-deterministic and read the OS CSPRNG per row).
+
+Queries the pass cannot thread (e.g. the audited table read inside a scalar subquery, ROLLUP) fall
+back to a loop: the query runs once per sample with only the table name replaced.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import sqlglot
+from sqlglot import exp
+
+REP = "__rep"
+ROW = "__row"
+NOISE_FUNCTIONS = {"dpch_laplace", "dpch_laplace_int", "dpch_gaussian", "dpch_gaussian_int"}
+DIALECT = "clickhouse"
+
+
+class ReplicationUnsupported(Exception):
+    """The vectorising rewrite does not apply to this query (the caller falls back to a loop)."""
+
+
+def _is_aggregate_call(node: exp.Expression) -> bool:
+    if isinstance(node, exp.AggFunc):
+        return True
+    if isinstance(node, exp.Anonymous):
+        name = str(node.this).lower()
+        # SQL functions with aggregates inside (the public dp_* functions and the helper below)
+        # and parametric aggregates (see `parse`).
+        return name.startswith(("dp_", "dpchp_")) or name == "dpch_sum_units"
+    return False
+
+
+def _walk_scope(node: exp.Expression):
+    """Nodes of one SELECT's expressions, not descending into nested queries or windows."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        for child in cur.iter_expressions():
+            if isinstance(child, (exp.Select, exp.Subquery, exp.SetOperation, exp.Window)):
+                if isinstance(child, exp.Window):
+                    yield child
+                continue
+            stack.append(child)
+
+
+def _has_aggregate(select: exp.Select) -> bool:
+    parts = list(select.expressions)
+    if select.args.get("having") is not None:
+        parts.append(select.args["having"])
+    return any(_is_aggregate_call(n) for p in parts for n in _walk_scope(p))
+
+
+# sqlglot (ClickHouse dialect) knows only some parametric aggregates: it silently misreads
+# `groupArraySorted(2)(x)` as `groupArraySorted(2) AS (x)`. Before parsing, every
+# `name(<numbers>)(` becomes the plain call `dpchp_<name>_P_<encoded numbers>(`, and `render`
+# turns it back. ClickHouse's parametric functions are all aggregates, so `_is_aggregate_call`
+# treats these names as aggregates.
+_PARAMETRIC = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\(\s*([0-9.eE+\-]+(?:\s*,\s*[0-9.eE+\-]+)*)\s*\)\s*\(")
+_PARAMETRIC_BACK = re.compile(r"\bdpchp_([A-Za-z0-9_]+?)_P_([0-9a-z]+)\(")
+_ENC = {".": "d", ",": "c", "e": "x", "E": "x", "+": "p", "-": "m"}
+_DEC = {"d": ".", "c": ", ", "x": "e", "p": "+", "m": "-"}
+
+
+def _encode_params(m: re.Match) -> str:
+    params = "".join(_ENC.get(ch, ch) for ch in re.sub(r"\s+", "", m.group(2)))
+    return f"dpchp_{m.group(1)}_P_{params}("
+
+
+def _decode_params(m: re.Match) -> str:
+    params = "".join(_DEC.get(ch, ch) for ch in m.group(2))
+    return f"{m.group(1)}({params})("
+
+
+def parse(sql: str) -> exp.Expression:
+    try:
+        tree = sqlglot.parse_one(_PARAMETRIC.sub(_encode_params, sql), read=DIALECT)
+    except sqlglot.errors.ParseError as exc:
+        raise ValueError(f"cannot parse the audited query: {exc}") from exc
+    return tree
+
+
+def render(tree: exp.Expression) -> str:
+    """ClickHouse SQL from the tree, keeping `rand()` as written (sqlglot would turn it into
+    randCanonical(), a different function) and restoring parametric aggregates."""
+    tree = tree.copy()
+    for node in list(tree.find_all(exp.Rand)):
+        node.replace(exp.Anonymous(this="rand", expressions=[]))
+    return _PARAMETRIC_BACK.sub(_decode_params, tree.sql(dialect=DIALECT))
+
+
+def table_key(table: exp.Table, default_db: str) -> str:
+    return f"{table.db or default_db}.{table.name}".lower()
+
+
+def referenced_tables(sql: str, default_db: str = "default") -> list[str]:
+    """Fully qualified names of the tables a query reads (CTE names excluded)."""
+    tree = parse(sql)
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    out = []
+    for t in tree.find_all(exp.Table):
+        if not t.name or (not t.db and t.name.lower() in ctes) or isinstance(t.this, exp.Func):
+            continue
+        key = table_key(t, default_db)
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def replace_tables(sql: str, table_map: dict[str, str], default_db: str = "default",
+                   reps: tuple[int, int] | None = None) -> str:
+    """Replace each audited table (keys of `table_map`, "db.table") by its audit copy. With
+    `reps=(a, b)` also replicate it b − a times and thread `__rep` through the query."""
+    tree = parse(sql)
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    injected: set[int] = set()
+    found = False
+    for t in list(tree.find_all(exp.Table)):
+        if not t.name or (not t.db and t.name.lower() in ctes):
+            continue
+        target = table_map.get(table_key(t, default_db))
+        if target is None:
+            continue
+        found = True
+        alias = t.alias or t.name
+        db, name = target.split(".", 1)
+        if reps is None:
+            t.replace(exp.table_(name, db=db, alias=alias))
+            continue
+        inner = parse(f"SELECT __audit_t.*, __audit_n.number AS {REP} FROM {db}.{name} AS __audit_t "
+                      f"CROSS JOIN numbers({int(reps[0])}, {int(reps[1]) - int(reps[0])}) AS __audit_n")
+        sub = exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+        t.replace(sub)
+        injected.add(id(inner))
+    if not found:
+        raise ValueError("the audited query does not read the audited table")
+    if reps is not None:
+        _thread_rep(tree, injected, reps)
+    return render(tree)
+
+
+def _source_alias(src: exp.Expression) -> str:
+    return src.alias_or_name
+
+
+def _is_array_join(join: exp.Join) -> bool:
+    return str(join.args.get("kind") or "").upper() in ("ARRAY", "LEFT ARRAY")
+
+
+def _sources(sel: exp.Select) -> list[exp.Expression]:
+    """The FROM source and every joined source (ARRAY JOIN unfolds a column: not a source)."""
+    from_ = _from(sel)
+    if from_ is None:
+        return []
+    return [from_.this] + [j.this for j in sel.args.get("joins") or [] if not _is_array_join(j)]
+
+
+def _replicate_source(src: exp.Expression, reps: tuple[int, int]) -> exp.Subquery:
+    """(SELECT s.*, n.number AS __rep FROM <src> AS s CROSS JOIN numbers(a, b − a) AS n) AS alias:
+    a source that does not depend on the audited table (e.g. a public key domain), repeated once
+    per replica so that joins with replicated sources keep their per-replica meaning (a LEFT JOIN
+    from the key domain must yield every key in every replica)."""
+    alias = _source_alias(src)
+    if isinstance(src, exp.Subquery):
+        inner_from = src.this.copy()
+        inner_from = exp.Subquery(this=inner_from, alias=exp.TableAlias(this=exp.to_identifier("__audit_s")))
+    else:
+        inner_from = src.copy()
+        inner_from.set("alias", exp.TableAlias(this=exp.to_identifier("__audit_s")))
+    wrapped = parse(f"SELECT __audit_s.*, __audit_n.number AS {REP} FROM __audit_placeholder AS __audit_s "
+                    f"CROSS JOIN numbers({int(reps[0])}, {int(reps[1]) - int(reps[0])}) AS __audit_n")
+    _from(wrapped).set("this", inner_from)
+    return exp.Subquery(this=wrapped, alias=exp.TableAlias(this=exp.to_identifier(alias)) if alias else None)
+
+
+def _thread_rep(tree: exp.Expression, injected: set[int], reps: tuple[int, int]) -> None:
+    marked: set[int] = set(injected)
+    replicated_ctes: set[str] = set()
+    selects = list(tree.find_all(exp.Select))
+    for sel in reversed(selects):  # breadth-first order reversed: inner queries first
+        if id(sel) in marked:
+            continue
+        sources = _sources(sel)
+        if not any(_is_replicated(s, marked, replicated_ctes) for s in sources):
+            continue
+        marked.add(id(sel))
+        for join in sel.args.get("joins") or []:
+            side = str(join.args.get("side") or "").upper()
+            if not _is_array_join(join) and side in ("RIGHT", "FULL"):
+                raise ReplicationUnsupported("RIGHT/FULL JOIN with the audited table")
+        if len(sources) > 1:
+            for src in sources:
+                if not _is_replicated(src, marked, replicated_ctes):
+                    wrapped = _replicate_source(src, reps)
+                    src.replace(wrapped)
+                    marked.add(id(wrapped.this))
+            sources = _sources(sel)
+            qualifier = _source_alias(sources[0]) or None
+            if qualifier is None:
+                raise ReplicationUnsupported("a join whose first source has no alias")
+            _join_on_rep(sel, qualifier)
+        else:
+            qualifier = None
+        rep_col = exp.column(REP, table=qualifier)
+        if not any(isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
+                   for p in sel.expressions):
+            sel.append("expressions", exp.alias_(rep_col.copy(), REP))
+        group = sel.args.get("group")
+        if group is not None:
+            if group.args.get("rollup") or group.args.get("cube") or group.args.get("totals") \
+                    or group.args.get("grouping_sets"):
+                raise ReplicationUnsupported("GROUP BY ROLLUP/CUBE/TOTALS/GROUPING SETS")
+            group.append("expressions", rep_col.copy())
+        elif _has_aggregate(sel):
+            sel.set("group", exp.Group(expressions=[rep_col.copy()]))
+        for node in [n for p in sel.expressions for n in _walk_scope(p)]:
+            if isinstance(node, exp.Window):
+                node.set("partition_by", list(node.args.get("partition_by") or []) + [rep_col.copy()])
+        limit = sel.args.get("limit")
+        if limit is not None:
+            if limit.args.get("offset") is not None or sel.args.get("offset") is not None:
+                raise ReplicationUnsupported("LIMIT with OFFSET")
+            limit.set("expressions", list(limit.args.get("expressions") or []) + [rep_col.copy()])
+        if sel.args.get("distinct") is not None and sel.args["distinct"].args.get("on") is not None:
+            raise ReplicationUnsupported("DISTINCT ON")
+        parent_cte = sel.parent if isinstance(sel.parent, exp.CTE) else None
+        if parent_cte is not None:
+            replicated_ctes.add(parent_cte.alias_or_name.lower())
+    # Every replicated SELECT must feed a FROM/JOIN (or be the top); otherwise, e.g. a scalar
+    # subquery over the audited table would return N rows where one is expected.
+    for sel in selects:
+        if id(sel) in marked and not _feeds_from(sel, tree):
+            raise ReplicationUnsupported("the audited table is read outside FROM/JOIN")
+    for setop in tree.find_all(exp.SetOperation):
+        branches = [b for b in (setop.this, setop.expression) if isinstance(b, exp.Select)]
+        if len({id(b) in marked for b in branches}) > 1:
+            raise ReplicationUnsupported("UNION of replicated and non-replicated branches")
+    top_selects = [tree] if isinstance(tree, exp.Select) else [
+        b for b in tree.find_all(exp.Select) if _feeds_from(b, tree) and b.parent is not None
+        and isinstance(b.parent, exp.SetOperation)]
+    if not top_selects or not all(id(t) in marked for t in top_selects):
+        raise ReplicationUnsupported("the top-level query does not depend on the audited table")
+
+
+def _from(sel: exp.Select):
+    return sel.args.get("from_") or sel.args.get("from")
+
+
+def _feeds_from(sel: exp.Select, tree: exp.Expression) -> bool:
+    node = sel
+    while isinstance(node.parent, exp.SetOperation):
+        node = node.parent
+    if node is tree:
+        return True
+    parent = node.parent
+    if isinstance(parent, exp.CTE):
+        return True
+    return isinstance(parent, exp.Subquery) and isinstance(parent.parent, (exp.From, exp.Join))
+
+
+def _is_replicated(src: exp.Expression, marked: set[int], replicated_ctes: set[str]) -> bool:
+    if isinstance(src, exp.Subquery):
+        inner = src.this
+        if isinstance(inner, exp.SetOperation):
+            return any(id(s) in marked for s in inner.find_all(exp.Select))
+        return id(inner) in marked
+    if isinstance(src, exp.Table):
+        return not src.db and src.name.lower() in replicated_ctes
+    return False
+
+
+def _join_on_rep(sel: exp.Select, first: str) -> None:
+    """Every (non-ARRAY) join of a replicated SELECT also matches on `__rep`."""
+    for join in sel.args.get("joins") or []:
+        if _is_array_join(join):
+            continue
+        other = _source_alias(join.this)
+        if not other:
+            raise ReplicationUnsupported("a joined source without an alias")
+        using = join.args.get("using")
+        if using:
+            join.set("using", list(using) + [exp.to_identifier(REP)])
+            continue
+        cond = exp.EQ(this=exp.column(REP, table=first), expression=exp.column(REP, table=other))
+        on = join.args.get("on")
+        if on is None and str(join.args.get("kind") or "").upper() == "CROSS":
+            join.set("kind", None)  # CROSS JOIN → INNER JOIN ... ON __rep = __rep
+        join.set("on", exp.and_(on, cond) if on is not None else cond)
+
+
+# --------------------------------------------------------------------------------------------
+# Which result columns are released values (outputs) and which are group keys
+# --------------------------------------------------------------------------------------------
+def _is_noisy(node: exp.Expression, scope: exp.Select, depth: int = 0) -> bool | None:
+    """Does an expression carry a released (aggregate/noise) value? Follows column references into
+    derived tables. None when it cannot tell."""
+    if depth > 20:
+        return None
+    for n in node.walk():
+        if _is_aggregate_call(n):
+            return True
+        if isinstance(n, exp.Anonymous) and str(n.this).lower() in NOISE_FUNCTIONS:
+            return True
+    cols = list(node.find_all(exp.Column))
+    if not cols:
+        return False
+    from_ = _from(scope)
+    if from_ is None:
+        return False
+    sources = [from_.this] + [j.this for j in scope.args.get("joins") or []]
+    derived = [s for s in sources if isinstance(s, exp.Subquery) and isinstance(s.this, exp.Select)]
+    verdict = False
+    for col in cols:
+        if isinstance(col.this, exp.Star):
+            return None
+        for sub in derived:
+            if col.table and col.table != sub.alias_or_name:
+                continue
+            for proj in sub.this.expressions:
+                if proj.alias_or_name == col.name:
+                    inner = _is_noisy(proj, sub.this, depth + 1)
+                    if inner is None:
+                        return None
+                    verdict = verdict or inner
+    return verdict
+
+
+def classify_columns(sql: str, columns: list[str]) -> tuple[list[str], list[str]]:
+    """(key columns, output columns) of a query's result. Keys: projections that are neither an
+    aggregate nor a noise-UDF call (following derived tables); unresolvable projections count as
+    outputs when numeric (decided later by the caller)."""
+    tree = parse(sql)
+    top = tree if isinstance(tree, exp.Select) else next(tree.find_all(exp.Select), None)
+    verdicts: dict[str, bool | None] = {}
+    if isinstance(top, exp.Select):
+        for proj in top.expressions:
+            if isinstance(proj, exp.Star):
+                continue
+            verdicts[proj.alias_or_name] = _is_noisy(proj, top)
+    keys = [c for c in columns if c != REP and verdicts.get(c) is False]
+    outputs = [c for c in columns if c != REP and c not in keys]
+    return keys, outputs
+
+
+# --------------------------------------------------------------------------------------------
+# Drawing samples and shaping them into an (N × k) matrix
+# --------------------------------------------------------------------------------------------
+@dataclass
+class SampleSet:
+    """The raw result rows of N runs (column `__rep` = run index)."""
+
+    frame: pd.DataFrame
+    n: int
+    vectorised: bool = True
+
+
+def draw_sql(run: Callable[[str], pd.DataFrame], sql: str, table_map: dict[str, str], n: int, *,
+             default_db: str = "default", rows_per_query: int = 20_000_000, table_rows: int = 1,
+             vectorise: bool = True, on_batch: Callable[[int], None] | None = None) -> SampleSet:
+    """Run `sql` n times on the audit copies in `table_map` and return all result rows tagged with
+    `__rep`. Vectorised in batches of at most `rows_per_query` replicated input rows."""
+    frames = []
+    if vectorise:
+        try:
+            replace_tables(sql, table_map, default_db, reps=(0, 1))  # does the rewrite apply?
+        except ReplicationUnsupported:
+            vectorise = False
+    if vectorise:
+        batch = max(1, min(n, rows_per_query // max(1, table_rows)))
+        for start in range(0, n, batch):
+            stop = min(n, start + batch)
+            frames.append(run(replace_tables(sql, table_map, default_db, reps=(start, stop))))
+            if on_batch:
+                on_batch(stop - start)
+    else:
+        plain = replace_tables(sql, table_map, default_db)
+        for i in range(n):
+            df = run(plain)
+            df[REP] = i
+            frames.append(df)
+            if on_batch:
+                on_batch(1)
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({REP: []})
+    return SampleSet(frame, n, vectorise)
+
+
+def to_matrix(sides: list[SampleSet], keys: list[str], outputs: list[str]):
+    """Pivot result rows into one (n × k) float matrix per side over a common set of coordinates
+    (output column × group key × row number within the key). A coordinate missing from a run
+    (e.g. a group suppressed by thresholding) is NaN."""
+    numeric_outputs, extra_keys = [], []
+    for c in outputs:
+        if all(pd.api.types.is_numeric_dtype(s.frame[c]) or pd.api.types.is_bool_dtype(s.frame[c])
+               for s in sides if c in s.frame):
+            numeric_outputs.append(c)
+        else:
+            extra_keys.append(c)
+    keys = list(keys) + extra_keys
+    pivots = []
+    for s in sides:
+        f = s.frame.copy()
+        f[ROW] = f.groupby([REP] + keys, dropna=False).cumcount() if keys else f.groupby(REP).cumcount()
+        idx = [REP] + keys + [ROW]
+        values = f.set_index(idx)[numeric_outputs].astype(np.float64)
+        wide = values.unstack([k for k in keys + [ROW]]) if len(idx) > 1 else values
+        wide = wide.reindex(range(s.n))
+        pivots.append(wide)
+    columns = pivots[0].columns
+    for p in pivots[1:]:
+        columns = columns.union(p.columns, sort=False)
+    columns = sorted(columns, key=lambda c: tuple(str(x) for x in (c if isinstance(c, tuple) else (c,))))
+    mats = [p.reindex(columns=columns).to_numpy(dtype=np.float64) for p in pivots]
+    names = [_coord_name(c, len(keys)) for c in columns]
+    return mats, names
+
+
+def _coord_name(col, n_keys: int) -> str:
+    if not isinstance(col, tuple):
+        return str(col)
+    out, *rest = col
+    key_vals, row = rest[:n_keys], rest[n_keys] if len(rest) > n_keys else 0
+    label = str(out)
+    if key_vals:
+        label += "[" + ", ".join(str(v) for v in key_vals) + "]"
+    if row:
+        label += f"#{row}"
+    return label

@@ -1,0 +1,125 @@
+"""Mechanisms for the audit tests: correct references and DELIBERATELY BROKEN ones.
+
+Every mechanism here is a test fixture. The broken ones exist only so that the auditor can prove
+it catches them; several also break DESIGN.md invariant 3 on purpose (numpy floating-point noise)
+and must never be used to release anything.
+
+Python mechanisms take (df, n) and return n outputs for the dataset df. SQL fixtures are format
+strings over {table} and {eps}.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_rng = np.random.default_rng()
+
+
+# ---------------------------------------------------------------------------------------------
+# Correct references
+# ---------------------------------------------------------------------------------------------
+def discrete_laplace(n: int, scale: float) -> np.ndarray:
+    """Reference discrete Laplace, P(k) ∝ exp(−|k|/scale): the difference of two i.i.d.
+    geometric variables (CKS20, Sec. 2). numpy randomness: a test reference only."""
+    p = 1.0 - math.exp(-1.0 / scale)
+    return _rng.geometric(p, n) - _rng.geometric(p, n)
+
+
+def correct_count(eps: float):
+    """Count with discrete Laplace noise of scale 1/ε: ε-DP under add/remove-one-row."""
+    def mechanism(df, n):
+        return len(df) + discrete_laplace(n, 1.0 / eps)
+    mechanism.__name__ = f"correct_count(eps={eps})"
+    return mechanism
+
+
+def correct_clipped_sum(eps: float, lo: float = 0.0, hi: float = 100.0, column: str = "x"):
+    """Sum clipped to [lo, hi], rounded to an integer, plus integer discrete Laplace of scale
+    (max(|lo|, |hi|) + 1)/ε: ε-DP under add/remove (rounding adds at most 1 to the sensitivity).
+    Rounding matters: a raw floating-point sum carries low bits that differ between D and D′, and
+    noise on a coarser lattice would not hide them (the auditor catches that through `lowbit`)."""
+    def mechanism(df, n):
+        total = round(float(np.clip(df[column].to_numpy(dtype=float), lo, hi).sum()))
+        return total + discrete_laplace(n, (max(abs(lo), abs(hi)) + 1) / eps)
+    mechanism.__name__ = f"correct_clipped_sum(eps={eps})"
+    return mechanism
+
+
+def correct_count_kernel(eps: float):
+    """The same count through the project's noise kernel (dpch._noise), when it is built."""
+    from dpch import _noise
+    from dpch.calibration import laplace_scale
+
+    def mechanism(df, n):
+        return _noise.laplace_release_int(np.full(n, len(df), dtype=np.int64), laplace_scale(1.0, eps))
+    mechanism.__name__ = f"kernel_count(eps={eps})"
+    return mechanism
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken on purpose
+# ---------------------------------------------------------------------------------------------
+def broken_scale_is_epsilon(eps: float):
+    """BROKEN: noise scale ε instead of 1/ε. At claimed ε = 0.5 the scale is 0.5, i.e. the count
+    is really 2-DP (a violation); at ε = 1 the bug is invisible, at ε > 1 it adds too much noise."""
+    def mechanism(df, n):
+        return len(df) + discrete_laplace(n, eps)
+    mechanism.__name__ = f"broken_scale_is_epsilon(eps={eps})"
+    return mechanism
+
+
+def broken_half_sensitivity(eps: float, lo: float = 0.0, hi: float = 100.0, column: str = "x"):
+    """BROKEN: `correct_clipped_sum` whose scale uses half the true sensitivity ((hi + 1)/2ε
+    instead of (hi + 1)/ε), so it is really 2ε-DP."""
+    def mechanism(df, n):
+        total = round(float(np.clip(df[column].to_numpy(dtype=float), lo, hi).sum()))
+        return total + discrete_laplace(n, (max(abs(lo), abs(hi)) + 1) / (2.0 * eps))
+    mechanism.__name__ = f"broken_half_sensitivity(eps={eps})"
+    return mechanism
+
+
+def broken_one_sided_clip(eps: float, lo: float = 0.0, hi: float = 100.0, column: str = "x"):
+    """BROKEN: clips only the upper side (`min(x, hi)`), so one very negative row moves the sum
+    by far more than the sensitivity hi assumed by the noise scale."""
+    def mechanism(df, n):
+        total = round(float(np.minimum(df[column].to_numpy(dtype=float), hi).sum()))
+        return total + discrete_laplace(n, (max(abs(lo), abs(hi)) + 1) / eps)
+    mechanism.__name__ = f"broken_one_sided_clip(eps={eps})"
+    return mechanism
+
+
+def naive_float_laplace(value: float, scale: float, n: int) -> np.ndarray:
+    """BROKEN (Mironov 2012): textbook inverse-CDF Laplace in floating point,
+    value + scale·(−sign(u)·ln(1 − 2|u|)), u uniform on 53-bit doubles. The set of doubles it can
+    output depends on `value`: for value 0 every output is scale·(a log), with arbitrary low
+    bits; for value Δ the outputs in (−Δ/2, Δ/2) are Δ + (something ≥ Δ/2 in magnitude), exact by
+    Sterbenz, hence multiples of ulp(Δ/2): their lowest set bit is never below that. The event
+    {lowbit(output) < log2 ulp(Δ/2)} has positive probability on D and probability 0 on D′."""
+    u = _rng.random(n) - 0.5
+    return value + scale * (-np.sign(u) * np.log1p(-2.0 * np.abs(u)))
+
+
+def broken_naive_float_sum(eps: float, sensitivity: float = 2.0 ** -20, column: str = "x"):
+    """BROKEN: a sum with a tiny scale (values in [0, 2^-20]) released with naive floating-point
+    Laplace of the right scale sensitivity/ε — correct on paper, leaky in its low bits."""
+    def mechanism(df, n):
+        total = float(np.clip(df[column].to_numpy(dtype=float), 0.0, sensitivity).sum())
+        return naive_float_laplace(total, sensitivity / eps, n)
+    mechanism.__name__ = f"broken_naive_float_sum(eps={eps})"
+    return mechanism
+
+
+# ---------------------------------------------------------------------------------------------
+# SQL fixtures (through the real noise UDFs, with wrong calibration)
+# ---------------------------------------------------------------------------------------------
+SQL_SCALE_IS_EPSILON = "SELECT dpch_laplace_int(toInt64(count()), {eps}) AS n FROM {table}"
+"""BROKEN: scale ε instead of 1/ε (violates at ε < 1)."""
+
+SQL_HALF_SENSITIVITY = ("SELECT dpch_laplace(sum(least(greatest(toFloat64(amount), 0.), 500.)), "
+                        "250. / {eps}) AS s FROM {table}")
+"""BROKEN: sensitivity 250 used for a sum clipped to [0, 500]."""
+
+SQL_ONE_SIDED_CLIP = ("SELECT dpch_laplace(sum(least(toFloat64(amount), 500.)), 500. / {eps}) AS s "
+                      "FROM {table}")
+"""BROKEN: clipping skipped on the lower side."""
