@@ -11,8 +11,8 @@ pass, as in sqlglot's optimizer):
    - no GROUP BY: one row per unit (``GROUP BY unit``);
    - k = 1: one pass, ``argMin``/``countArgMin``/``sumArgMin`` over the keyed hash keep the
      unit's rows of its group with the smallest hash;
-   - k > 1: ``GROUP BY (unit, hash)``, then ``groupArraySorted(k)`` per unit keeps the k groups
-     with the smallest hashes, and ``ARRAY JOIN`` unfolds them.
+   - k > 1: ``GROUP BY (unit, hash)``, then a per-unit sorted array keeps the k groups
+     with the smallest hashes (per-unit arrays sorted by hash), and ``ARRAY JOIN`` unfolds them.
    A unit's rows are then capped at C per group and M in total (in hash order of its groups); when
    a unit has c > r allowed rows in a group, each of its sums is scaled by r/c and clamped to
    r·[L, H] (the per-unit contribution clamp), so its contribution is exactly that of r rows.
@@ -136,17 +136,29 @@ class _Rewriter:
             stage1_cols = ["__dp_u", "__dp_h"] + [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)] + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
-            tup = ", ".join(["__dp_h", "__dp_c"] + [self._k(j) for j in range(self.nk)] + s_cols)
-            stage2 = (f"SELECT __dp_u, groupArraySorted({k})(tuple({tup})) AS __dp_arr\nFROM (\n{_indent(stage1)}\n)\n"
-                      f"GROUP BY __dp_u")
-            stage2b = (f"SELECT __dp_arr, arrayMap(__dp_t -> least(tupleElement(__dp_t, 2), {C}), __dp_arr) AS __dp_cap, "
-                       f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), __dp_cap, "
-                       f"arrayCumSum(__dp_cap)) AS __dp_ra\nFROM (\n{_indent(stage2)}\n)")
-            unfold_cols = [f"tupleElement(__dp_arr[__dp_i], {3 + j}) AS {self._k(j)}" for j in range(self.nk)] + \
-                ["tupleElement(__dp_arr[__dp_i], 2) AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
-                [f"tupleElement(__dp_arr[__dp_i], {3 + self.nk + i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            # per unit: its groups sorted by keyed hash, the first k kept (one sorted array per column,
+            # all sorted by the same hashes, so element i of every array is the same group)
+            def by_hash(col: str) -> str:
+                return (f"arraySlice(arraySort((__dp_v, __dp_w) -> __dp_w, groupArray({col}), groupArray(__dp_h)), "
+                        f"1, {k})")
+
+            arrays = [f"arraySlice(arraySort(groupArray(__dp_h)), 1, {k}) AS __dp_ah",
+                      f"{by_hash('__dp_c')} AS __dp_ac"] + \
+                [f"{by_hash(self._k(j))} AS __dp_ak{j}" for j in range(self.nk)] + \
+                [f"{by_hash(f'__dp_s{i}')} AS __dp_as{i}" for i in range(len(self.row_qs))]
+            stage2 = f"SELECT {', '.join(arrays)}\nFROM (\n{_indent(stage1)}\n)\nGROUP BY __dp_u"
+            passthrough = ["__dp_ah", "__dp_ac"] + [f"__dp_ak{j}" for j in range(self.nk)] + \
+                [f"__dp_as{i}" for i in range(len(self.row_qs))]
+            stage2b = (f"SELECT {', '.join(passthrough)}, "
+                       f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), "
+                       f"arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac), "
+                       f"arrayCumSum(arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac))) AS __dp_ra"
+                       f"\nFROM (\n{_indent(stage2)}\n)")
+            unfold_cols = [f"__dp_ak{j}[__dp_i] AS {self._k(j)}" for j in range(self.nk)] + \
+                ["__dp_ac[__dp_i] AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
+                [f"__dp_as{i}[__dp_i] AS __dp_s{i}" for i in range(len(self.row_qs))]
             unfold = (f"SELECT {', '.join(unfold_cols)}\nFROM (\n{_indent(stage2b)}\n)\n"
-                      f"ARRAY JOIN arrayEnumerate(__dp_arr) AS __dp_i")
+                      f"ARRAY JOIN arrayEnumerate(__dp_ah) AS __dp_i")
             scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"]
             for i, q in enumerate(self.row_qs):
                 scaled.append(
