@@ -1,0 +1,425 @@
+/*
+ * DPCH noise kernel: OS CSPRNG buffer and exact samplers (C part).
+ *
+ * Shared by dpch._noise (udf/noise.pyx) and dpch._udf_program (udf/udf_program.pyx); each
+ * extension gets its own copy of the (static) generator state.
+ *
+ * Randomness: getrandom(2) only, read into a 64 KiB buffer that is refilled when empty. Words are
+ * zeroed as they are consumed, and a pthread_atfork child handler discards the buffer so that a
+ * forked child never reuses its parent's random bytes. There is no userspace PRNG.
+ *
+ * Samplers: Canonne, Kamath & Steinke 2020, "The Discrete Gaussian for Differential Privacy"
+ * (CKS20): Bernoulli(exp(-gamma)) for rational gamma (Alg. 1, with the gamma > 1 split), discrete
+ * Laplace with rational scale t/s (Alg. 2), discrete Gaussian with rational sigma^2 (Alg. 3).
+ * Arithmetic is integer only (uint64 / unsigned __int128). Bernoulli(a/b) is decided lazily by
+ * comparing random bits with the binary expansion of a/b (exact, 2 random bits on average).
+ *
+ * Concurrency: callers hold the Python GIL (the state is process-global, not thread-local).
+ * Failure of getrandom (other than EINTR) aborts the process: we fail closed rather than
+ * release anything without fresh OS randomness.
+ *
+ * Everything that would overflow 128 bits is reported to the caller (status DPCH_SLOW), which
+ * then finishes the draw exactly with arbitrary-precision integers (udf/kernel.pxi).
+ */
+#ifndef DPCH_KERNEL_H
+#define DPCH_KERNEL_H
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+typedef unsigned __int128 dpch_u128;
+typedef __int128 dpch_i128;
+
+#define DPCH_RNG_BYTES 65536
+#define DPCH_RNG_WORDS (DPCH_RNG_BYTES / 8)
+
+/* ------------------------------------------------------------------------------------------ */
+/* OS CSPRNG buffer                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    uint64_t buf[DPCH_RNG_WORDS];
+    size_t avail;        /* unread words at the end of buf */
+    uint64_t bits;       /* bit reservoir */
+    unsigned nbits;
+    uint64_t refills;    /* statistics only */
+} dpch_rng_state;
+
+static dpch_rng_state dpch_rng;
+static int dpch_atfork_registered = 0;
+
+static void dpch_rng_discard(void) {
+    memset(dpch_rng.buf, 0, sizeof(dpch_rng.buf));
+    dpch_rng.avail = 0;
+    dpch_rng.bits = 0;
+    dpch_rng.nbits = 0;
+}
+
+static void dpch_rng_atfork_child(void) { dpch_rng_discard(); }
+
+/* Call once at module initialisation. Returns 0 on success. */
+static int dpch_rng_init(void) {
+    if (!dpch_atfork_registered) {
+        if (pthread_atfork(NULL, NULL, dpch_rng_atfork_child) != 0) return -1;
+        dpch_atfork_registered = 1;
+    }
+    dpch_rng_discard();
+    return 0;
+}
+
+static void dpch_rng_refill(void) {
+    unsigned char *p = (unsigned char *)dpch_rng.buf;
+    size_t left = sizeof(dpch_rng.buf);
+    while (left > 0) {
+        ssize_t got = getrandom(p, left, 0);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            fprintf(stderr, "dpch noise kernel: getrandom failed (errno %d); aborting\n", errno);
+            abort();
+        }
+        p += got;
+        left -= (size_t)got;
+    }
+    dpch_rng.avail = DPCH_RNG_WORDS;
+    dpch_rng.refills++;
+}
+
+static inline uint64_t dpch_u64(void) {
+    if (__builtin_expect(dpch_rng.avail == 0, 0)) dpch_rng_refill();
+    size_t i = DPCH_RNG_WORDS - dpch_rng.avail;
+    dpch_rng.avail--;
+    uint64_t w = dpch_rng.buf[i];
+    dpch_rng.buf[i] = 0;
+    return w;
+}
+
+static inline unsigned dpch_bit(void) {
+    if (__builtin_expect(dpch_rng.nbits == 0, 0)) {
+        dpch_rng.bits = dpch_u64();
+        dpch_rng.nbits = 64;
+    }
+    unsigned b = (unsigned)(dpch_rng.bits & 1u);
+    dpch_rng.bits >>= 1;
+    dpch_rng.nbits--;
+    return b;
+}
+
+/* k uniformly random bits, 1 <= k <= 64 */
+static inline uint64_t dpch_bits(unsigned k) {
+    uint64_t r;
+    if (k <= dpch_rng.nbits) {
+        if (k == 64) {
+            r = dpch_rng.bits;
+            dpch_rng.bits = 0;
+        } else {
+            r = dpch_rng.bits & ((UINT64_C(1) << k) - 1);
+            dpch_rng.bits >>= k;
+        }
+        dpch_rng.nbits -= k;
+        return r;
+    }
+    unsigned have = dpch_rng.nbits;
+    unsigned need = k - have; /* 1..64 */
+    uint64_t lo = dpch_rng.bits; /* exactly `have` valid bits (have < 64) */
+    uint64_t w = dpch_u64();
+    uint64_t hi = (need == 64) ? w : (w & ((UINT64_C(1) << need) - 1));
+    r = lo | (have == 0 ? hi : (hi << have));
+    dpch_rng.bits = (need == 64) ? 0 : (w >> need);
+    dpch_rng.nbits = 64 - need;
+    return r;
+}
+
+/* Random bytes handed out so far (statistics for the benchmarks). */
+static inline uint64_t dpch_rng_bytes_used(void) {
+    return 8 * (dpch_rng.refills * DPCH_RNG_WORDS - dpch_rng.avail);
+}
+
+static inline unsigned dpch_bitlen64(uint64_t x) { return x ? 64u - (unsigned)__builtin_clzll(x) : 0u; }
+
+/* Uniform integer in [0, n), n >= 1, by rejection (no modulo bias). */
+static inline uint64_t dpch_uniform(uint64_t n) {
+    if (n <= 1) return 0;
+    unsigned k = dpch_bitlen64(n - 1);
+    for (;;) {
+        uint64_t x = dpch_bits(k);
+        if (x < n) return x;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bernoulli samplers                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Bernoulli(a/b), 0 <= a, 1 <= b < 2^63. Compares a uniform V in [0,1), drawn bit by bit,
+ * with the binary expansion of a/b produced by long division; returns [V < a/b]. */
+static inline int dpch_bern_frac64(uint64_t a, uint64_t b) {
+    if (a >= b) return 1;
+    if (a == 0) return 0;
+    uint64_t r = a;
+    for (;;) {
+        r <<= 1;
+        uint64_t d = r >= b;
+        r -= b & (0 - d); /* branchless long-division step */
+        uint64_t v = dpch_bit();
+        if (v != d) return (int)d; /* first differing bit: V < a/b iff the expansion has the 1 */
+        if (r == 0) return 0;     /* the expansion ended: V >= a/b */
+    }
+}
+
+/* Same for 128-bit operands, 1 <= b < 2^127. */
+static inline int dpch_bern_frac128(dpch_u128 a, dpch_u128 b) {
+    if (a >= b) return 1;
+    if (a == 0) return 0;
+    dpch_u128 r = a;
+    for (;;) {
+        r <<= 1;
+        unsigned d = r >= b;
+        r -= b & (0 - (dpch_u128)d);
+        unsigned v = dpch_bit();
+        if (v != d) return (int)d;
+        if (r == 0) return 0;
+    }
+}
+
+/* Bernoulli(1/k), k >= 1 */
+
+
+/* Bernoulli(exp(-1)): CKS20 Alg. 1 with gamma = 1. */
+static inline int dpch_bern_exp1(void) {
+    uint64_t k = 2; /* the K = 1 trial is Bernoulli(1) = 1 */
+    while (dpch_bern_frac64(1, k)) k++;
+    return (int)(k & 1);
+}
+
+/* Bernoulli(exp(-a/b)) for 0 <= a <= b < 2^63 (gamma in [0,1]): CKS20 Alg. 1.
+ * Bernoulli(gamma/K) is drawn as Bernoulli(1/K) AND Bernoulli(a/b) (independent). */
+static inline int dpch_bern_exp_small64(uint64_t a, uint64_t b) {
+    uint64_t k = 1;
+    for (;;) {
+        if (k > 1 && !dpch_bern_frac64(1, k)) break;
+        if (!dpch_bern_frac64(a, b)) break;
+        k++;
+    }
+    return (int)(k & 1);
+}
+
+static inline int dpch_bern_exp_small128(dpch_u128 a, dpch_u128 b) {
+    uint64_t k = 1;
+    for (;;) {
+        if (k > 1 && !dpch_bern_frac64(1, k)) break;
+        if (!dpch_bern_frac128(a, b)) break;
+        k++;
+    }
+    return (int)(k & 1);
+}
+
+/* Bernoulli(exp(-n/d)), d in [1, 2^127): CKS20 Alg. 1 with the gamma > 1 split:
+ * floor(gamma) independent Bernoulli(exp(-1)) trials, then Bernoulli(exp(-frac(gamma))). */
+static inline int dpch_bern_exp128(dpch_u128 n, dpch_u128 d) {
+    dpch_u128 g = n / d, r = n - g * d;
+    for (dpch_u128 i = 0; i < g; i++)
+        if (!dpch_bern_exp1()) return 0;
+    return dpch_bern_exp_small128(r, d);
+}
+
+/* Bernoulli(exp(-n/d)) with n, d given as (hi, lo) 64-bit words; d in [1, 2^127). */
+static inline int dpch_bern_exp_words(uint64_t nhi, uint64_t nlo, uint64_t dhi, uint64_t dlo) {
+    dpch_u128 n = ((dpch_u128)nhi << 64) | nlo;
+    dpch_u128 d = ((dpch_u128)dhi << 64) | dlo;
+    return dpch_bern_exp128(n, d);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Discrete Laplace (CKS20 Alg. 2)                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Saturating conversion of a magnitude to int64 with sign. Saturation needs |noise| >= 2^63,
+ * which for the scales we accept (t/s <= 2^50) has probability below exp(-2^12). */
+static inline int64_t dpch_signed_sat(dpch_u128 y, int negative) {
+    if (y > (dpch_u128)INT64_MAX) return negative ? INT64_MIN : INT64_MAX;
+    return negative ? -(int64_t)y : (int64_t)y;
+}
+
+/* Discrete Laplace with scale t/s: Pr[Z = z] proportional to exp(-|z| s / t).
+ * t in [1, 2^63); s = 2^shift when s_div == 0 (any shift >= 0), else s = s_div (< 2^64). */
+static inline int64_t dpch_dlap(uint64_t t, unsigned shift, uint64_t s_div) {
+    for (;;) {
+        uint64_t u = dpch_uniform(t);
+        if (!dpch_bern_exp_small64(u, t)) continue;
+        uint64_t v = 0;
+        while (dpch_bern_exp1()) v++;
+        dpch_u128 x = (dpch_u128)u + (dpch_u128)t * v;
+        dpch_u128 y;
+        if (s_div) y = x / s_div;
+        else y = shift >= 128 ? 0 : (x >> shift);
+        unsigned b = dpch_bit();
+        if (b && y == 0) continue;
+        return dpch_signed_sat(y, (int)b);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Discrete Gaussian (CKS20 Alg. 3) with sigma = S / 2^q                                        */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * t = floor(sigma) + 1; repeat: Y <- DLap(t); accept with probability exp(-gamma),
+ * gamma = (|Y| - sigma^2/t)^2 / (2 sigma^2) = (|Y| t 4^q - S^2)^2 / (2 S^2 t^2 4^q).
+ */
+typedef struct {
+    uint64_t S;
+    unsigned q;
+    uint64_t t;
+    int fast;          /* 0: every acceptance test goes to the arbitrary-precision path */
+    dpch_u128 S2;      /* S^2 */
+    dpch_u128 T4;      /* t 4^q */
+    dpch_u128 B;       /* 2 S^2 t^2 4^q  (< 2^127 when fast) */
+    uint64_t pending;  /* |Y| of the candidate handed to the slow path */
+    int pending_neg;
+} dpch_dg;
+
+#define DPCH_SLOW 2
+
+/* S in [1, 2^63), sigma = S/2^q <= 2^40 (checked by the caller). */
+static inline void dpch_dg_init(dpch_dg *g, uint64_t S, unsigned q) {
+    g->S = S;
+    g->q = q;
+    g->t = (q >= 64 ? 0 : (S >> q)) + 1;
+    g->fast = 0;
+    g->S2 = (dpch_u128)S * S;
+    g->T4 = 0;
+    g->B = 0;
+    g->pending = 0;
+    g->pending_neg = 0;
+    if (S >= (UINT64_C(1) << 32)) return; /* S^2 must fit 64 bits for |A| < 2^64 below */
+    if (2 * (unsigned long)q >= 126) return;
+    dpch_u128 four_q = (dpch_u128)1 << (2 * q);
+    dpch_u128 T4, B, tmp;
+    if (__builtin_mul_overflow((dpch_u128)g->t, four_q, &T4)) return;
+    if (__builtin_mul_overflow(g->S2, (dpch_u128)2, &tmp)) return;
+    if (__builtin_mul_overflow(tmp, (dpch_u128)g->t, &tmp)) return;
+    if (__builtin_mul_overflow(tmp, T4, &B)) return;
+    if (B >> 127) return;
+    g->T4 = T4;
+    g->B = B;
+    g->fast = 1;
+}
+
+/* Acceptance test of CKS20 Alg. 3 for candidate |Y| = y: 1 accept, 0 reject, DPCH_SLOW if the
+ * numbers exceed 128 bits (the caller then decides it exactly with big integers). */
+static inline int dpch_dg_accept(const dpch_dg *g, uint64_t y) {
+    if (!g->fast) return DPCH_SLOW;
+    dpch_u128 yt;
+    if (__builtin_mul_overflow((dpch_u128)y, g->T4, &yt)) return DPCH_SLOW;
+    dpch_u128 a = yt >= g->S2 ? yt - g->S2 : g->S2 - yt;
+    if (a >> 64) return DPCH_SLOW;
+    return dpch_bern_exp128(a * a, g->B);
+}
+
+/* One discrete Gaussian draw. Returns 0 and stores the sample in *out, or DPCH_SLOW with the
+ * candidate in g->pending / g->pending_neg. */
+static inline int dpch_dg_sample(dpch_dg *g, int64_t *out) {
+    for (;;) {
+        int64_t y = dpch_dlap(g->t, 0, 0);
+        uint64_t ay = y < 0 ? (uint64_t)0 - (uint64_t)y : (uint64_t)y;
+        int acc = dpch_dg_accept(g, ay);
+        if (acc == 1) {
+            *out = y;
+            return 0;
+        }
+        if (acc == DPCH_SLOW) {
+            g->pending = ay;
+            g->pending_neg = y < 0;
+            return DPCH_SLOW;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Grids and release parameters (docs/NOISE.md)                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* ceil(log2(x)) for finite x > 0, exactly (frexp). */
+static inline int dpch_ceil_log2(double x) {
+    int e;
+    double m = frexp(x, &e); /* x = m 2^e, m in [0.5, 1) */
+    return m == 0.5 ? e - 1 : e;
+}
+
+/* Checks a scale / sigma: 0 ok, 1 NaN, 2 infinite, 3 not positive. */
+static inline int dpch_check_scale(double x) {
+    if (isnan(x)) return 1;
+    if (isinf(x)) return 2;
+    if (!(x > 0)) return 3;
+    return 0;
+}
+
+/* Release parameters: grid r = 2^k, noise scale num / 2^den_log2 in grid units.
+ * Laplace (bits 40): num = t, den_log2 = p. Gaussian (bits 20): num = S, den_log2 = q. */
+typedef struct {
+    int k;
+    uint64_t num;
+    unsigned den_log2;
+} dpch_params;
+
+static inline void dpch_params_compute(double scale, int bits, int integer, dpch_params *out) {
+    int c = dpch_ceil_log2(scale);
+    int k = c - bits;
+    if (integer && k < 0) k = 0;
+    double u = ldexp(scale, -k); /* exact: scaling by a power of two into [2^-1074, 2^bits] */
+    int cu = dpch_ceil_log2(u);
+    int p = bits - cu;
+    if (p < 0) p = 0;
+    double tu = ceil(ldexp(u, p)); /* u 2^p <= 2^bits: exact */
+    out->k = k;
+    out->num = (uint64_t)tu;
+    out->den_log2 = (unsigned)p;
+}
+
+/* m = round_half_even(v / 2^k) as an integer-valued double (inf if v / 2^k overflows). */
+static inline double dpch_grid_round(double v, int k) {
+    double x = ldexp(v, -k);
+    if (fabs(x) < 4503599627370496.0) /* 2^52 */
+        x = nearbyint(x);           /* default rounding mode: ties to even */
+    return x;
+}
+
+/* r (m + K) in double precision, r = 2^k; a deterministic function of m + K (post-processing). */
+static inline double dpch_combine_f64(double m, int64_t noise, int k, double v) {
+    if (isinf(m) || fabs(m) >= 85070591730234615865843651857942052864.0 /* 2^126 */)
+        return v; /* |m| >= 2^126 > 2^75 |K|: m + K rounds to m, and r m == v */
+    if (noise >= -9007199254740992LL && noise <= 9007199254740992LL) /* |K| <= 2^53: exact */
+        return ldexp(m + (double)noise, k); /* IEEE addition of exact operands is correctly rounded */
+    dpch_i128 s = (dpch_i128)m + (dpch_i128)noise; /* exact */
+    return ldexp((double)s, k);
+}
+
+/* m = round_half_even(v / 2^k) for Int64 v, k >= 0. */
+static inline int64_t dpch_grid_round_i64(int64_t v, int k) {
+    if (k == 0) return v;
+    if (k >= 64) return 0; /* |v| / 2^k <= 1/2, and the tie -1/2 rounds to 0 */
+    dpch_i128 x = v;
+    dpch_i128 q = x >> k; /* floor */
+    dpch_i128 rem = x - q * ((dpch_i128)1 << k);
+    dpch_i128 half = (dpch_i128)1 << (k - 1);
+    if (rem > half || (rem == half && (q & 1))) q += 1;
+    return (int64_t)q;
+}
+
+/* saturate(2^k (m + K)) for Int64 outputs. */
+static inline int64_t dpch_combine_i64(int64_t m, int64_t noise, int k) {
+    dpch_i128 s = (dpch_i128)m + (dpch_i128)noise;
+    if (s == 0) return 0;
+    if (k >= 64) return s > 0 ? INT64_MAX : INT64_MIN;
+    dpch_i128 lim = (dpch_i128)INT64_MAX;
+    if (s > (lim >> k)) return INT64_MAX;
+    if (s < -((lim + 1) >> k)) return INT64_MIN;
+    return (int64_t)(s * ((dpch_i128)1 << k));
+}
+
+#endif /* DPCH_KERNEL_H */

@@ -1,0 +1,335 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The DPCH executable UDF program (`dpch._udf_program`), run by ClickHouse as an executable_pool
+(`dpch-udf <function>`, i.e. `python -m dpch.udf_entry <function>`).
+
+Protocol: format RowBinary with send_chunk_header=1. Each block is a text line "N\\n" followed by N
+rows of RowBinary arguments; the program writes exactly N RowBinary results with one write(2) per
+chunk (no userspace buffering, so every block is flushed) and loops until EOF on stdin.
+
+Functions (docs/NOISE.md):
+  laplace        (value Float64, scale Float64) -> Float64
+  laplace_int    (value Int64,   scale Float64) -> Int64
+  gaussian       (value Float64, sigma Float64) -> Float64
+  gaussian_int   (value Int64,   sigma Float64) -> Int64
+  gaussian_sigma (sensitivity Float64, epsilon Float64, delta Float64) -> Float64
+
+Bad input: a NaN/Inf value or a scale that is <= 0, NaN or Inf -> message on stderr
+"dpch-udf <function>: <problem> (row <i> of block)" and exit status 2; a malformed stream
+(bad chunk header, truncated block) -> stderr message and exit status 3. No un-noised value is
+ever written: a row is written only after its noise has been added. The module does not import
+numpy, so a pool process starts quickly.
+"""
+include "kernel.pxi"
+
+import sys
+
+from libc.errno cimport EINTR, errno
+from libc.math cimport isfinite, isnan
+from libc.stdlib cimport free, malloc
+from libc.string cimport memchr, memcpy, memmove
+from posix.unistd cimport read, write
+
+cdef enum:
+    IN_CAP = 1 << 22          # input buffer (bytes)
+    MAX_HEADER = 24           # "N\n": at most 19 digits + newline (+ slack)
+
+cdef enum:
+    F_LAPLACE = 0
+    F_LAPLACE_INT = 1
+    F_GAUSSIAN = 2
+    F_GAUSSIAN_INT = 3
+    F_GAUSSIAN_SIGMA = 4
+
+FUNCTIONS = {
+    "laplace": F_LAPLACE,
+    "laplace_int": F_LAPLACE_INT,
+    "gaussian": F_GAUSSIAN,
+    "gaussian_int": F_GAUSSIAN_INT,
+    "gaussian_sigma": F_GAUSSIAN_SIGMA,
+}
+
+EXIT_OK = 0
+EXIT_BAD_VALUE = 2
+EXIT_MALFORMED = 3
+
+
+class _Stop(Exception):
+    """Ends the program with an exit status and a message for stderr."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+cdef class _Program:
+    cdef str name
+    cdef int fn
+    cdef unsigned char *inbuf
+    cdef Py_ssize_t start, end
+    cdef bint eof
+    cdef unsigned char *outbuf
+    # cached per-scale parameters (the scale column is usually constant)
+    cdef bint have_scale
+    cdef uint64_t scale_bits
+    cdef dpch_params params
+    cdef dpch_dg dg
+    # gaussian_sigma cache
+    cdef object sigma_fn
+    cdef dict sigma_cache
+    cdef double last_args[3]
+    cdef double last_sigma
+    cdef bint have_last
+
+    def __cinit__(self, str name, int fn):
+        self.name = name
+        self.fn = fn
+        self.inbuf = <unsigned char *>malloc(IN_CAP)
+        # at most IN_CAP / 16 rows are processed per chunk, 8 output bytes each
+        self.outbuf = <unsigned char *>malloc(IN_CAP // 2 + 64)
+        if self.inbuf == NULL or self.outbuf == NULL:
+            raise MemoryError()
+        self.start = 0
+        self.end = 0
+        self.eof = False
+        self.have_scale = False
+        self.sigma_fn = None
+        self.sigma_cache = {}
+        self.have_last = False
+
+    def __dealloc__(self):
+        free(self.inbuf)
+        free(self.outbuf)
+
+    # ---------------------------------------------------------------- I/O
+
+    cdef int _fill(self) except -1:
+        """Read more input after compacting the buffer. Sets eof on end of input."""
+        cdef Py_ssize_t n
+        if self.start > 0:
+            if self.end > self.start:
+                memmove(self.inbuf, self.inbuf + self.start, self.end - self.start)
+            self.end -= self.start
+            self.start = 0
+        if self.end >= IN_CAP:
+            return 0
+        while True:
+            n = read(0, self.inbuf + self.end, IN_CAP - self.end)
+            if n < 0:
+                if errno == EINTR:
+                    continue
+                raise _Stop(EXIT_MALFORMED, f"cannot read input (errno {errno})")
+            break
+        if n == 0:
+            self.eof = True
+        self.end += n
+        return 0
+
+    cdef int _write_all(self, const unsigned char *p, Py_ssize_t n) except -1:
+        cdef Py_ssize_t w
+        while n > 0:
+            w = write(1, p, n)
+            if w < 0:
+                if errno == EINTR:
+                    continue
+                raise _Stop(1, f"cannot write output (errno {errno})")
+            p += w
+            n -= w
+        return 0
+
+    cdef long long _header(self) except -2:
+        """Parse the chunk header "N\\n". Returns N, or -1 at a clean end of input."""
+        cdef unsigned char *nl
+        cdef Py_ssize_t length, i
+        cdef long long value
+        cdef unsigned char c
+        while True:
+            nl = <unsigned char *>memchr(self.inbuf + self.start, 10, self.end - self.start)
+            if nl != NULL:
+                break
+            if self.end - self.start > MAX_HEADER:
+                raise _Stop(EXIT_MALFORMED, "malformed input: bad chunk header")
+            if self.eof:
+                if self.end == self.start:
+                    return -1
+                raise _Stop(EXIT_MALFORMED, "malformed input: truncated chunk header")
+            self._fill()
+        length = nl - (self.inbuf + self.start)
+        if length < 1 or length > 18:
+            raise _Stop(EXIT_MALFORMED, "malformed input: bad chunk header")
+        value = 0
+        for i in range(length):
+            c = self.inbuf[self.start + i]
+            if c < 48 or c > 57:
+                raise _Stop(EXIT_MALFORMED, "malformed input: bad chunk header")
+            value = value * 10 + (c - 48)
+        self.start += length + 1
+        return value
+
+    # ---------------------------------------------------------------- parameters
+
+    cdef int _bad_scale(self, int code, Py_ssize_t row) except -1:
+        cdef str what = "scale" if self.fn in (F_LAPLACE, F_LAPLACE_INT) else "sigma"
+        cdef str problem
+        if code == 1:
+            problem = "is NaN"
+        elif code == 2:
+            problem = "is infinite"
+        else:
+            problem = "is not positive"
+        raise _Stop(EXIT_BAD_VALUE, f"{what} {problem} (row {row} of block)")
+
+    cdef inline int _set_scale(self, double scale, Py_ssize_t row) except -1:
+        cdef uint64_t bits
+        memcpy(&bits, &scale, 8)
+        if self.have_scale and bits == self.scale_bits:
+            return 0
+        cdef int code = dpch_check_scale(scale)
+        if code != 0:
+            self._bad_scale(code, row)
+        if self.fn == F_LAPLACE or self.fn == F_LAPLACE_INT:
+            dpch_params_compute(scale, LAPLACE_BITS, self.fn == F_LAPLACE_INT, &self.params)
+        else:
+            dpch_params_compute(scale, GAUSSIAN_BITS, self.fn == F_GAUSSIAN_INT, &self.params)
+            dpch_dg_init(&self.dg, self.params.num, self.params.den_log2)
+        self.scale_bits = bits
+        self.have_scale = True
+        return 0
+
+    cdef int _bad_value(self, double v, Py_ssize_t row) except -1:
+        raise _Stop(EXIT_BAD_VALUE,
+                    f"value is {'NaN' if isnan(v) else 'infinite'} (row {row} of block)")
+
+    # ---------------------------------------------------------------- row kernels
+
+    cdef int _rows_noise(self, const unsigned char *src, Py_ssize_t nrows,
+                         Py_ssize_t row0) except -1:
+        """Noise nrows rows of (value, scale) from src into outbuf."""
+        cdef Py_ssize_t i
+        cdef double v, scale, out_f
+        cdef int64_t iv, out_i, noise
+        cdef int fn = self.fn
+        cdef unsigned char *dst = self.outbuf
+        for i in range(nrows):
+            memcpy(&scale, src + 16 * i + 8, 8)
+            self._set_scale(scale, row0 + i)
+            if fn == F_LAPLACE or fn == F_GAUSSIAN:
+                memcpy(&v, src + 16 * i, 8)
+                if not isfinite(v):
+                    self._bad_value(v, row0 + i)
+                if fn == F_LAPLACE:
+                    noise = dpch_dlap(self.params.num, self.params.den_log2, 0)
+                else:
+                    _dg_draw(&self.dg, &noise)
+                out_f = dpch_combine_f64(dpch_grid_round(v, self.params.k), noise,
+                                         self.params.k, v)
+                memcpy(dst + 8 * i, &out_f, 8)
+            else:
+                memcpy(&iv, src + 16 * i, 8)
+                if fn == F_LAPLACE_INT:
+                    noise = dpch_dlap(self.params.num, self.params.den_log2, 0)
+                else:
+                    _dg_draw(&self.dg, &noise)
+                out_i = dpch_combine_i64(dpch_grid_round_i64(iv, self.params.k), noise,
+                                         self.params.k)
+                memcpy(dst + 8 * i, &out_i, 8)
+        return 0
+
+    cdef int _rows_sigma(self, const unsigned char *src, Py_ssize_t nrows,
+                         Py_ssize_t row0) except -1:
+        """gaussian_sigma(sensitivity, epsilon, delta) for nrows rows (cached per distinct tuple)."""
+        cdef Py_ssize_t i, j
+        cdef double a[3]
+        cdef double sigma
+        for i in range(nrows):
+            memcpy(a, src + 24 * i, 24)
+            if self.have_last and a[0] == self.last_args[0] and a[1] == self.last_args[1] \
+                    and a[2] == self.last_args[2]:
+                sigma = self.last_sigma
+            else:
+                for j in range(3):
+                    if not isfinite(a[j]):
+                        name = ("sensitivity", "epsilon", "delta")[j]
+                        raise _Stop(EXIT_BAD_VALUE,
+                                    f"{name} is {'NaN' if isnan(a[j]) else 'infinite'} "
+                                    f"(row {row0 + i} of block)")
+                sigma = self._sigma(a[0], a[1], a[2], row0 + i)
+                memcpy(self.last_args, a, 24)
+                self.last_sigma = sigma
+                self.have_last = True
+            memcpy(self.outbuf + 8 * i, &sigma, 8)
+        return 0
+
+    cdef double _sigma(self, double sens, double eps, double delta, Py_ssize_t row) except? -1.0:
+        key = (sens, eps, delta)
+        cached = self.sigma_cache.get(key)
+        if cached is not None:
+            return cached
+        if self.sigma_fn is None:
+            try:
+                from dpch.calibration import gaussian_sigma
+            except ImportError:
+                raise _Stop(EXIT_BAD_VALUE, "dpch.calibration.gaussian_sigma is not available")
+            self.sigma_fn = gaussian_sigma
+        try:
+            value = float(self.sigma_fn(sens, eps, delta))
+        except Exception as exc:  # fail closed: any calibration failure ends the query
+            raise _Stop(EXIT_BAD_VALUE, f"{exc} (row {row} of block)")
+        if not isfinite(value) or not value > 0:
+            raise _Stop(EXIT_BAD_VALUE, f"calibrated sigma is not finite and positive "
+                                        f"(row {row} of block)")
+        if len(self.sigma_cache) > 100000:
+            self.sigma_cache.clear()
+        self.sigma_cache[key] = value
+        return value
+
+    # ---------------------------------------------------------------- main loop
+
+    cdef int _block(self, long long nrows) except -1:
+        cdef Py_ssize_t rowsize = 24 if self.fn == F_GAUSSIAN_SIGMA else 16
+        cdef Py_ssize_t done = 0, avail, take
+        while done < nrows:
+            avail = (self.end - self.start) // rowsize
+            if avail == 0:
+                if self.eof:
+                    raise _Stop(EXIT_MALFORMED,
+                                f"malformed input: truncated block (expected {nrows} rows, "
+                                f"got {done})")
+                self._fill()
+                continue
+            take = avail if avail < nrows - done else nrows - done
+            if self.fn == F_GAUSSIAN_SIGMA:
+                self._rows_sigma(self.inbuf + self.start, take, done)
+            else:
+                self._rows_noise(self.inbuf + self.start, take, done)
+            self._write_all(self.outbuf, 8 * take)
+            self.start += take * rowsize
+            done += take
+        return 0
+
+    cdef int _loop(self) except -1:
+        cdef long long n
+        while True:
+            n = self._header()
+            if n < 0:
+                return 0
+            self._block(n)
+
+
+def run(str function):
+    """Serve `function` on stdin/stdout until EOF. Returns the process exit status (0 at EOF,
+    2 bad value or scale, 3 malformed input); messages go to stderr."""
+    fn = FUNCTIONS.get(function)
+    if fn is None:
+        sys.stderr.write(f"dpch-udf: unknown function {function!r} "
+                         f"(expected one of: {', '.join(FUNCTIONS)})\n")
+        sys.stderr.flush()
+        return EXIT_BAD_VALUE
+    cdef _Program prog = _Program(function, fn)
+    try:
+        prog._loop()
+    except _Stop as stop:
+        sys.stderr.write(f"dpch-udf {function}: {stop.message}\n")
+        sys.stderr.flush()
+        return stop.status
+    return EXIT_OK
