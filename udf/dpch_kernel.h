@@ -190,11 +190,19 @@ static inline int dpch_bern_frac128(dpch_u128 a, dpch_u128 b) {
 /* Bernoulli(1/k), k >= 1 */
 
 
-/* Bernoulli(exp(-1)): CKS20 Alg. 1 with gamma = 1. */
+/* Bernoulli(exp(-1)): CKS20 Alg. 1 with gamma = 1. K is the index of the first failed
+ * Bernoulli(1/k) trial (the k = 1 trial always succeeds) and the output is [K odd]. The trials
+ * k = 2, 3, 4 are decided jointly by one uniform W in [0, 24): Pr[K > k] = 1/k! = (24/k!)/24, so
+ * K > 2 iff W < 12, K > 3 iff W < 4, K > 4 iff W < 1 -- the same joint law, fewer branches. The
+ * trials k >= 5 (probability 1/24) run one by one. */
 static inline int dpch_bern_exp1(void) {
-    uint64_t k = 2; /* the K = 1 trial is Bernoulli(1) = 1 */
-    while (dpch_bern_frac64(1, k)) k++;
-    return (int)(k & 1);
+    uint64_t w = dpch_uniform(24);
+    if (__builtin_expect(w == 0, 0)) {
+        uint64_t k = 5;
+        while (dpch_bern_frac64(1, k)) k++;
+        return (int)(k & 1);
+    }
+    return (w - 4) < 8; /* K = 3 (4 <= W < 12): odd; K = 2 or 4: even */
 }
 
 /* Bernoulli(exp(-a/b)) for 0 <= a <= b < 2^63 (gamma in [0,1]): CKS20 Alg. 1.
@@ -381,9 +389,21 @@ static inline void dpch_params_compute(double scale, int bits, int integer, dpch
     out->den_log2 = (unsigned)p;
 }
 
+/* x 2^e, correctly rounded (as ldexp); a multiplication by an exact power of two when 2^e is a
+ * normal double, which gives the identical result without a libm call. */
+static inline double dpch_scale2(double x, int e) {
+    if (e >= -1022 && e <= 1023) {
+        uint64_t bits = (uint64_t)(e + 1023) << 52;
+        double p;
+        memcpy(&p, &bits, sizeof p);
+        return x * p;
+    }
+    return ldexp(x, e);
+}
+
 /* m = round_half_even(v / 2^k) as an integer-valued double (inf if v / 2^k overflows). */
 static inline double dpch_grid_round(double v, int k) {
-    double x = ldexp(v, -k);
+    double x = dpch_scale2(v, -k);
     if (fabs(x) < 4503599627370496.0) /* 2^52 */
         x = nearbyint(x);           /* default rounding mode: ties to even */
     return x;
@@ -394,9 +414,9 @@ static inline double dpch_combine_f64(double m, int64_t noise, int k, double v) 
     if (isinf(m) || fabs(m) >= 85070591730234615865843651857942052864.0 /* 2^126 */)
         return v; /* |m| >= 2^126 > 2^75 |K|: m + K rounds to m, and r m == v */
     if (noise >= -9007199254740992LL && noise <= 9007199254740992LL) /* |K| <= 2^53: exact */
-        return ldexp(m + (double)noise, k); /* IEEE addition of exact operands is correctly rounded */
+        return dpch_scale2(m + (double)noise, k); /* IEEE addition of exact operands is correctly rounded */
     dpch_i128 s = (dpch_i128)m + (dpch_i128)noise; /* exact */
-    return ldexp((double)s, k);
+    return dpch_scale2((double)s, k);
 }
 
 /* m = round_half_even(v / 2^k) for Int64 v, k >= 0. */
