@@ -691,6 +691,15 @@ def gaussian_sigma(sensitivity: float, epsilon: float, delta: float, method: str
     return _gaussian_sigma_cached(d, e, dl, _check_method(method), bool(integer))
 
 
+def udf_gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
+    """σ returned by the SQL-callable UDF ``dpch_gaussian_sigma(Δ, ε, δ)``: valid for both noise
+    kernels, ``dpch_gaussian`` and ``dpch_gaussian_int`` (the larger of the two calibrations; the
+    SQL functions feed integer fixed-point sums and counts to ``dpch_gaussian_int``, whose discrete
+    noise needs the exact-δ calibration, see the module docstring)."""
+    return max(gaussian_sigma(sensitivity, epsilon, delta),
+               gaussian_sigma(sensitivity, epsilon, delta, integer=True))
+
+
 # ----------------------------------------------------------------------------------------------
 # zCDP
 # ----------------------------------------------------------------------------------------------

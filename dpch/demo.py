@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .calibration import gaussian_ci_halfwidth, gaussian_sigma, laplace_ci_halfwidth, laplace_scale
+from .calibration import gaussian_ci_halfwidth, laplace_ci_halfwidth, laplace_scale, udf_gaussian_sigma
 
 REGIONS = ["north", "south", "east", "west", "centre"]
 DEMO_DB = "demo"
@@ -51,7 +51,7 @@ def sql_function_releases(eps: float, delta: float) -> list[SqlFunctionRelease]:
     dp_sum's fixed-point grid adds at most 2^-19 relative to the scale, see docs/NOISE.md)."""
     b_count = laplace_scale(1.0, eps)
     b_sum = laplace_scale(500.0, eps)
-    s_count = gaussian_sigma(1.0, eps, delta)
+    s_count = udf_gaussian_sigma(1.0, eps, delta)  # what dp_count_gaussian uses
     return [
         SqlFunctionRelease("purchases", f"dp_count({eps})", "count()", "Laplace",
                            laplace_ci_halfwidth(b_count)),

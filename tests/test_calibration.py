@@ -650,3 +650,15 @@ def test_gaussian_grid_too_coarse_fails_closed():
 def test_gaussian_udf_delta_trivial_when_nothing_is_protected():
     assert cal.gaussian_udf_delta(1e300, 1.0, 1.0, False) == 1.0
     assert cal.gaussian_udf_delta(1e300, 1.0, 1.0, True) == 1.0
+
+
+@pytest.mark.parametrize("sens, eps, delta", [(1, 1.0, 1e-5), (1, 3.0, 1e-6), (7, 0.5, 1e-6), (1000, 1.0, 1e-9)])
+def test_udf_gaussian_sigma_is_valid_for_both_kernels(sens, eps, delta):
+    """dpch_gaussian_sigma feeds dpch_gaussian_int in the SQL functions: the integer kernel's exact
+    discrete δ (CKS20 Thm 7, via gaussian_udf_delta) must meet the target, and so must the Float64
+    kernel's."""
+    from dpch.calibration import gaussian_udf_delta, udf_gaussian_sigma
+
+    s = udf_gaussian_sigma(sens, eps, delta)
+    assert gaussian_udf_delta(sens, s, eps, True) <= delta
+    assert gaussian_udf_delta(sens, s, eps, False) <= delta

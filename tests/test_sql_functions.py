@@ -74,7 +74,7 @@ def test_dp_count_variance_matches_calibration(sqlfn, eps):
 
 
 def test_dp_count_gaussian_variance(sqlfn):
-    from dpch.calibration import gaussian_sigma
+    from dpch.calibration import udf_gaussian_sigma as gaussian_sigma
 
     sigma = gaussian_sigma(1.0, 1.0, 1e-6)
     noise = _draws(sqlfn, "dp_count_gaussian(1.0, 1e-6)") - ROWS_PER_GROUP

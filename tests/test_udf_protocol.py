@@ -277,7 +277,7 @@ def test_gaussian_sigma_matches_calibration(calibration):
     rows = [(1.0, 1.0, 1e-6), (1.0, 1.0, 1e-6), (2.0, 0.5, 1e-5), (1.0, 1.0, 1e-6), (10.0, 3.0, 1e-9)]
     proc = run_udf("gaussian_sigma", block_sigma(rows) + header(0) + block_sigma(rows[:1]), entry="module")
     assert proc.returncode == 0, proc.stderr
-    expected = [calibration.gaussian_sigma(*r) for r in rows + rows[:1]]
+    expected = [calibration.udf_gaussian_sigma(*r) for r in rows + rows[:1]]
     assert out_f64(proc).tolist() == expected
 
 
@@ -388,8 +388,8 @@ def test_chdb_one_million_rows_independent_noise(engine):
 def test_chdb_gaussian_sigma(engine, calibration):
     df = engine.raw_query("SELECT dpch_gaussian_sigma(1.0, 1.0, 1e-6) AS s1, "
                           "dpch_gaussian_sigma(2.0, 0.5, 1e-5) AS s2")
-    assert float(df["s1"].iloc[0]) == calibration.gaussian_sigma(1.0, 1.0, 1e-6)
-    assert float(df["s2"].iloc[0]) == calibration.gaussian_sigma(2.0, 0.5, 1e-5)
+    assert float(df["s1"].iloc[0]) == calibration.udf_gaussian_sigma(1.0, 1.0, 1e-6)
+    assert float(df["s2"].iloc[0]) == calibration.udf_gaussian_sigma(2.0, 0.5, 1e-5)
 
 
 @pytest.mark.parametrize("sql,problem", [

@@ -267,10 +267,10 @@ cdef class _Program:
             return cached
         if self.sigma_fn is None:
             try:
-                from dpch.calibration import gaussian_sigma
+                from dpch.calibration import udf_gaussian_sigma
             except ImportError:
-                raise _Stop(EXIT_BAD_VALUE, "dpch.calibration.gaussian_sigma is not available")
-            self.sigma_fn = gaussian_sigma
+                raise _Stop(EXIT_BAD_VALUE, "dpch.calibration.udf_gaussian_sigma is not available")
+            self.sigma_fn = udf_gaussian_sigma
         try:
             value = float(self.sigma_fn(sens, eps, delta))
         except Exception as exc:  # fail closed: any calibration failure ends the query
