@@ -230,16 +230,14 @@ class AuditTables:
             out.append(Neighbour(kind, "add a copy of the first row",
                                  (self._copy_all(), self._insert_modified(template, {}))))
             for where_ in ("far_above", "far_below", "max", "min"):
-                label = where_.replace("_", " ")
+                label = (where_.replace("_", " ") + " its observed range" if where_.startswith("far")
+                         else f"at its {where_}imum")
                 for c in nums:
-                    out.append(Neighbour(kind, f"add a row with `{c.name}` {label} its observed range"
-                                         if where_.startswith("far") else
-                                         f"add a row with `{c.name}` at its {where_}imum",
+                    out.append(Neighbour(kind, f"add a row with `{c.name}` {label}",
                                          (self._copy_all(), self._insert_modified(
                                              template, {c.name: self._value(c, where_)}))))
                 if len(nums) > 1:
-                    out.append(Neighbour(kind, f"add a row with every numeric column {label} "
-                                         + ("its observed range" if where_.startswith("far") else "imum"),
+                    out.append(Neighbour(kind, f"add a row with every numeric column {label}",
                                          (self._copy_all(), self._insert_modified(
                                              template, {c.name: self._value(c, where_) for c in nums}))))
         elif kind == "substitute-row":
@@ -248,8 +246,8 @@ class AuditTables:
                     row = self._row_of(c, largest)
                     role = "largest" if largest else "smallest"
                     for tgt in targets:
-                        label = tgt.replace("_", " ") + (" its observed range" if tgt.startswith("far")
-                                                         else "imum")
+                        label = (tgt.replace("_", " ") + " its observed range" if tgt.startswith("far")
+                                 else f"at its {tgt}imum")
                         out.append(Neighbour(kind, f"replace the row with the {role} `{c.name}` by one "
                                              f"with `{c.name}` {label}",
                                              (self._copy_except(row),
