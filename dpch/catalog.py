@@ -156,6 +156,11 @@ class TableEntry:
         k1 = int(self.salt[16:32], 16)
         return f"(toUInt64({k0}), toUInt64({k1}))"
 
+    def unit_salt_sql(self) -> str:
+        """A second secret (UInt64) mixed into the unit's hash; derived from the salt."""
+        k = int(self.salt[:16], 16) ^ int(self.salt[16:32], 16) ^ 0x9E3779B97F4A7C15
+        return f"toUInt64({k})"
+
     def column_type(self, column: str) -> str | None:
         return self.columns.get(column)
 

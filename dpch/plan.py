@@ -804,7 +804,7 @@ class _Planner:
                               centre=0.0)
 
     def _sum_quantity(self, value_sql: str, iv: Interval, centre: float, cond_sql: str | None,
-                      label: str) -> int:
+                      label: str, nullable: bool = True) -> int:
         lo, hi = iv
         hw = max(abs(lo - centre), abs(hi - centre))
         g = _grid(hw)
@@ -814,7 +814,8 @@ class _Planner:
         units = (f"least(greatest(toInt64(round(({value_sql} - {_flit(centre)}) * {_flit(inv)})), "
                  f"{lo_u}), {hi_u})")
         row = units if cond_sql is None else f"if({cond_sql}, {units}, 0)"
-        row = f"ifNull({row}, 0)"
+        if nullable:
+            row = f"ifNull({row}, 0)"
         key = f"sum|{row}"
         return self._quantity(key, label=label, kind="sum", row_sql=row, lo_units=lo_u, hi_units=hi_u,
                               grid=g, centre=centre, value_interval=(lo, hi))
@@ -841,9 +842,13 @@ class _Planner:
             return AggregatePlan(call, {"count": self._count_quantity(pred, label)})
         assert call.arg is not None
         iv, s, nullable = bound_expression(call.arg, e, call.text)
-        value = self._clip_value(s, iv)
+        # a bare column is already clipped to exactly its interval; anything else is clipped again
+        # to the computed interval (so the per-row bound holds even if the arithmetic were loose)
+        bare = isinstance(call.arg, exp.Column) or (isinstance(call.arg, exp.Paren) and isinstance(call.arg.this, exp.Column))
+        value = s if bare else self._clip_value(s, iv)
         if call.func == "sum":
-            qi = self._sum_quantity(value, iv, 0.0, cond_sql, label)
+            is_null = nullable or expr_nullable(call.arg, e)
+            qi = self._sum_quantity(value, iv, 0.0, cond_sql, label, is_null)
             return AggregatePlan(call, {"sum": qi}, value_interval=iv)
         preds = []
         if cond_sql is not None:
@@ -853,12 +858,13 @@ class _Planner:
         pred = " AND ".join(preds) if preds else None
         centre = (iv[0] + iv[1]) / 2.0
         hw = (iv[1] - iv[0]) / 2.0
-        roles = {"sum": self._sum_quantity(value, iv, centre, cond_sql, f"{label}.sum"),
+        is_null = nullable or expr_nullable(call.arg, e)
+        roles = {"sum": self._sum_quantity(value, iv, centre, cond_sql, f"{label}.sum", is_null),
                  "count": self._count_quantity(pred, f"{label}.count")}
         if call.func in ("var_samp", "var_pop", "stddev_samp", "stddev_pop"):
             sq = f"pow({value} - {_flit(centre)}, 2)"
             sq_iv = (0.0, hw * hw)
-            roles["sumsq"] = self._sum_quantity(sq, sq_iv, hw * hw / 2.0, cond_sql, f"{label}.sum_sq")
+            roles["sumsq"] = self._sum_quantity(sq, sq_iv, hw * hw / 2.0, cond_sql, f"{label}.sum_sq", is_null)
         return AggregatePlan(call, roles, value_interval=iv, centre=centre, halfwidth=hw)
 
     # -- keys -------------------------------------------------------------------------------

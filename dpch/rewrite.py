@@ -4,7 +4,8 @@
 pass, as in sqlglot's optimizer):
 
 1. ``rows``: the table, filtered by the analyst's WHERE (and by the public key domains), projected
-   to the privacy unit, the group keys, the keyed hash ``sipHash64Keyed(<salt key>, unit, keys)``
+   to the privacy unit, the group keys, the salted hash
+   ``sipHash64Keyed(<salt>, keys) XOR intHash64(unit XOR <salt'>)`` of the unit's (unit, keys) pair
    and each quantity's per-row contribution in fixed-point units (columns and values clipped).
 2. ``per_unit``: per-unit pre-aggregation with contribution bounding. Which groups of a unit are
    kept depends only on that unit's rows (smallest keyed hashes; never ``rand()``):
@@ -39,6 +40,7 @@ from .catalog import quote_ident
 from .plan import Plan, Quantity, _flit
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
+UNIT_SALT_PLACEHOLDER = "/*<secret unit salt>*/"
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,17 @@ class _Rewriter:
         re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)]
         hash_sql = ""
         if self.nk:
-            hash_args = ", ".join(["__dp_u"] + [f"__dp_rk{j}" for j in range(self.nk)])
-            hash_sql = f"sipHash64Keyed({SALT_PLACEHOLDER}, {hash_args}) AS __dp_h"
+            # h(unit, keys) = sipHash64Keyed(salt, keys) XOR hash(unit, salt'): salted, a function of the
+            # unit's own (unit, key) pair only. The key part is computed once per distinct value for
+            # LowCardinality keys, the unit part is an integer hash: cheap per row.
+            key_args = ", ".join(f"__dp_rk{j}" for j in range(self.nk))
+            unit_type = p.entry.columns.get(p.entry.privacy_unit or "", "")
+            from .catalog import base_type as _bt, is_integer_type as _is_int
+            if _is_int(unit_type) and _bt(unit_type) not in ("Int128", "Int256", "UInt128", "UInt256"):
+                unit_hash = f"intHash64(bitXor(toUInt64(__dp_u), {UNIT_SALT_PLACEHOLDER}))"
+            else:
+                unit_hash = f"cityHash64(__dp_u, {UNIT_SALT_PLACEHOLDER})"
+            hash_sql = f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {key_args}), {unit_hash}) AS __dp_h"
         rows = ", ".join([f"{unit} AS __dp_u"] + rk + ([hash_sql] if hash_sql else []) + re)
         rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{self._where()}"
 
@@ -265,8 +276,10 @@ class _Rewriter:
         noised = self.noised_sql(keyed)
         released = self.released_sql(noised)
         display, names, internal = self.outer_sql(released)
-        sql = display.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql())
-        return Rewritten(sql=sql, display_sql=display.replace(SALT_PLACEHOLDER, "<secret salt>"),
+        sql = display.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
+            UNIT_SALT_PLACEHOLDER, self.plan.entry.unit_salt_sql())
+        shown = display.replace(SALT_PLACEHOLDER, "<secret salt>").replace(UNIT_SALT_PLACEHOLDER, "<secret salt>")
+        return Rewritten(sql=sql, display_sql=shown,
                          output_names=names, internal_columns=internal)
 
 

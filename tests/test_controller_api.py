@@ -166,12 +166,13 @@ def test_real_ledger_charges_the_plan_cost(adb):
 
 
 def test_budget_exceeded_with_real_ledger(adb):
-    adb.ledger.set_budget(ANALYST, f"{DB}.subst", epsilon=0.1)
-    try:
-        with pytest.raises(BudgetExceeded):
-            adb.query(f"SELECT COUNT(*) FROM {DB}.subst", epsilon=1.0)
-    finally:
-        adb.ledger.set_budget(ANALYST, f"{DB}.subst", epsilon=1e9, delta=0.5)
+    adb.command(f"CREATE TABLE IF NOT EXISTS {DB}.budget_tbl (u UInt64, v Float64) ENGINE = Memory")
+    adb.catalog.register(f"{DB}.budget_tbl", privacy_unit="u", bounds={"v": (0, 1)})
+    adb.ledger.set_budget(ANALYST, f"{DB}.budget_tbl", epsilon=0.5)
+    adb.query(f"SELECT COUNT(*) FROM {DB}.budget_tbl", epsilon=0.4)
+    with pytest.raises(BudgetExceeded):
+        adb.query(f"SELECT COUNT(*) FROM {DB}.budget_tbl", epsilon=0.2)
+    assert adb.ledger.remaining(ANALYST, f"{DB}.budget_tbl").spent.epsilon == pytest.approx(0.4)
 
 
 def test_unknown_option_and_gaussian_without_delta(adb):

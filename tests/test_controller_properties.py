@@ -107,7 +107,7 @@ def expr_deps(select, expr, _seen=None, exclude=None) -> set[str]:
             return
         if name == "countargmin":
             return
-        if name == "siphash64keyed":
+        if name in ("siphash64keyed", "inthash64", "cityhash64"):
             # the keyed hash of (unit, keys) only orders a unit's groups (which ones it keeps): a
             # control dependency, tracked as "hash"; it must never be an output value by itself
             deps.add("hash")
