@@ -777,8 +777,9 @@ class _Planner:
     # -- quantities -------------------------------------------------------------------------
     @property
     def _units_equal_rows(self) -> bool:
-        """In the bounded data COUNT(*) equals the number of distinct (unit, group) pairs."""
-        return self.bounding.max_rows == 1
+        """In the bounded data COUNT(*) equals the number of distinct (unit, group) pairs: every
+        kept (unit, group) has exactly one row (M = 1 and at most one group per unit)."""
+        return self.bounding.max_rows == 1 and self.bounding.k == 1
 
     def _quantity(self, key: str, **kw) -> int:
         if key in self.qindex:

@@ -9,6 +9,7 @@ Tables (all deterministic):
 - ``events``: user-level, k = 3, M = 20, C = 5, no public keys (GROUP BY needs thresholding).
 - ``rowlevel``: row-level privacy (no unit).
 - ``subst``: substitute neighbour relation, k = 2, M = 5.
+- ``onerow``: user-level, k = 2, M = 1 (COUNT(*) differs from COUNT(DISTINCT unit)).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def setup_controller_data(db) -> None:
     if _STATE["ready"]:
         return
     db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
-    for name in ("purchases", "events", "rowlevel", "subst"):
+    for name in ("purchases", "events", "rowlevel", "subst", "onerow"):
         create_table(db, name)
     bounds = {"amount": (0, 500), "age": (18, 100), "qty": (0, 10), "price": (0, 100)}
     db.catalog.register(f"{DB}.purchases", privacy_unit="user_id", bounds=bounds, max_groups_contributed=1,
@@ -55,6 +56,8 @@ def setup_controller_data(db) -> None:
     db.catalog.register(f"{DB}.rowlevel", bounds=bounds, public_keys={"region": ["EU", "US", "ASIA"]})
     db.catalog.register(f"{DB}.subst", privacy_unit="user_id", neighbour="substitute", bounds=bounds,
                         max_groups_contributed=2, max_rows_per_unit=5)
-    for name in ("purchases", "events", "rowlevel", "subst"):
+    db.catalog.register(f"{DB}.onerow", privacy_unit="user_id", bounds=bounds, max_groups_contributed=2,
+                        max_rows_per_unit=1)
+    for name in ("purchases", "events", "rowlevel", "subst", "onerow"):
         db.ledger.set_budget(ANALYST, f"{DB}.{name}", epsilon=1e9, delta=0.5)
     _STATE["ready"] = True

@@ -36,6 +36,9 @@ QUERIES = [
     ("subst", "SELECT category, COUNT(*) AS n, SUM(amount - 100) AS s, COUNT(DISTINCT user_id) AS u FROM {t} "
               "GROUP BY category", 1e-6),
     ("rowlevel", "SELECT region, COUNT(*) AS n, SUM(amount) AS s FROM {t} GROUP BY region", 0.0),
+    ("onerow", "SELECT category, COUNT(*) AS n, COUNT(DISTINCT user_id) AS u, SUM(qty) AS q FROM {t} "
+               "GROUP BY category", 1e-6),
+    ("onerow", "SELECT COUNT(*) AS n, COUNT(DISTINCT user_id) AS u FROM {t}", 0.0),
     ("rowlevel", "SELECT category, SUM(qty * 2 - 5) AS s, AVG(amount) AS a FROM {t} GROUP BY category", 1e-6),
 ]
 
@@ -115,6 +118,18 @@ def test_neighbouring_datasets(sdb, table, template, delta):
             worst = max(worst, l1 / q.l1)
     # the heavy unit must actually move something (the check is not vacuous)
     assert worst > 0.0
+
+
+def test_count_rows_is_not_count_units_when_k_exceeds_one(sdb):
+    """M = 1, k = 2: a unit keeps two groups but only one row; COUNT(*) < COUNT(DISTINCT unit)."""
+    entry = sdb.catalog.get(f"{DB}.onerow")
+    sql = f"SELECT region, COUNT(*) AS n, COUNT(DISTINCT user_id) AS u FROM {DB}.onerow GROUP BY region"
+    plan = make_plan(bind(parse(sql), entry), 1.0, 1e-6, QueryOptions())
+    assert plan.aggregates[0].roles["count"] != plan.aggregates[1].roles["count"]
+    base = _quantities(sdb, plan, None)
+    n = sum(int(v[plan.aggregates[0].roles["count"]]) for v in base.values())
+    u = sum(int(v[plan.aggregates[1].roles["count"]]) for v in base.values())
+    assert n == 300 and u > n  # one row per unit in total, up to two groups per unit
 
 
 def test_heavy_unit_is_truncated(sdb):
