@@ -101,24 +101,35 @@ def _controller_demo(db, *, eps: float, delta: float, out) -> None:
                         bounds={"amount": (0, 500), "age": (18, 100)},
                         max_groups_contributed=1, max_rows_per_unit=10,
                         public_keys={"region": REGIONS})
-    db.ledger.set_budget(db.analyst, f"{DEMO_DB}.purchases", epsilon=10.0, delta=1e-5, accountant="basic")
-    queries = [
-        (f"SELECT region, COUNT(*) AS n, SUM(amount) AS revenue, AVG(age) AS mean_age "
-         f"FROM {DEMO_DB}.purchases WHERE age >= 30 GROUP BY region ORDER BY region", eps, 0.0),
-        (f"SELECT COUNT(DISTINCT user_id) AS buyers FROM {DEMO_DB}.purchases", eps, 0.0),
-    ]
+    dataset = f"{DEMO_DB}.purchases"
+    db.ledger.set_budget(db.analyst, dataset, epsilon=10.0, delta=1e-5, accountant="basic")
+    # The demo starts each run from a fresh demo budget; the reset is recorded in the ledger.
+    db.ledger.reset(db.analyst, dataset, confirm=True)
+    out(f"   budget for analyst {db.analyst!r} on {dataset}: ε=10, δ=1e-5 (basic composition)")
+    region_query = (f"SELECT region, COUNT(*) AS n, SUM(amount) AS revenue, AVG(age) AS mean_age "
+                    f"FROM {DEMO_DB}.purchases WHERE age >= 30 GROUP BY region ORDER BY region")
+    queries = [(region_query, eps, 0.0),
+               (f"SELECT COUNT(DISTINCT user_id) AS buyers FROM {DEMO_DB}.purchases", eps, 0.0)]
     for sql, e, d in queries:
         out(f"   {sql}   [ε={e}]")
         t = time.perf_counter()
         try:
-            df = db.query(sql, epsilon=e, delta=d)
+            df = db.query(sql, epsilon=e, delta=d, with_ci=True)
         except DPCHError as exc:
             out(f"   rejected: {exc}")
             continue
-        out("   " + df.to_string(index=False).replace("\n", "\n   "))
-        out(f"   time: {(time.perf_counter() - t) * 1000:.0f} ms")
+        elapsed = time.perf_counter() - t
+        out("   " + df.to_string(index=False, float_format=lambda v: f"{v:,.1f}").replace("\n", "\n   "))
+        meta = df.attrs["dpch"]
+        out(f"   charged ε={meta['epsilon']:g}, δ={meta['delta']:g}; 95% intervals as *_ci_low/_ci_high; "
+            f"time: {elapsed * 1000:.0f} ms")
+    truth = db.raw_query(region_query.replace("COUNT(*)", "count()").replace("SUM(amount)", "sum(amount)")
+                         .replace("AVG(age)", "avg(age)"))
+    out("   TRUE values of the first query (demo only; the DP answer is for data bounded to 10 rows "
+        "and 1 region per user):")
+    out("   " + truth.to_string(index=False, float_format=lambda v: f"{v:,.1f}").replace("\n", "\n   "))
     status = db.ledger.remaining(db.analyst, f"{DEMO_DB}.purchases")
-    out(f"   budget after these queries: {status}")
+    out(f"   budget: {status.describe()}")
     out("   A query the controller cannot make private is rejected before it runs:")
     try:
         db.query(f"SELECT user_id, amount FROM {DEMO_DB}.purchases", epsilon=eps)
