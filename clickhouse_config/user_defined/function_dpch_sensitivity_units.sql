@@ -1,1 +1,1 @@
-CREATE FUNCTION dpch_sensitivity_units AS (lo, hi, centre, halfwidth) -> greatest(abs(round((toFloat64(lo) - centre) / dpch_fixed_grid(halfwidth))), abs(round((toFloat64(hi) - centre) / dpch_fixed_grid(halfwidth))), 1.)
+CREATE FUNCTION dpch_sensitivity_units AS (lo, hi, centre, halfwidth) -> greatest(abs(dpch_round_to_grid(toFloat64(lo) - centre, dpch_fixed_grid(halfwidth))), abs(dpch_round_to_grid(toFloat64(hi) - centre, dpch_fixed_grid(halfwidth))), dpch_fixed_grid(halfwidth)) / dpch_fixed_grid(halfwidth)

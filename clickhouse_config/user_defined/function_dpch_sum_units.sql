@@ -1,1 +1,1 @@
-CREATE FUNCTION dpch_sum_units AS (x, lo, hi, centre, halfwidth) -> sum(toInt64(round((dpch_clip(x, lo, hi) - centre) / dpch_fixed_grid(halfwidth))))
+CREATE FUNCTION dpch_sum_units AS (x, lo, hi, centre, halfwidth) -> toInt64(sum(dpch_round_to_grid(least(greatest(toFloat64(x), lo), hi) - centre, dpch_fixed_grid(halfwidth))) / dpch_fixed_grid(halfwidth)) + throwIf(count() >= 8589934592, 'dp_sum/dp_avg: a group has 2^33 rows or more; fixed-point summation is exact only below that')
