@@ -167,6 +167,7 @@ def audit(target, sql: str | None = None, *, epsilon: float, delta: float = 0.0,
                                report_dir=report_dir, progress=progress, seed=seed)
     if sql is None:
         raise ValueError("auditing through a connection needs the SQL query")
+    _check(epsilon, delta, confidence, samples)  # bad parameters fail before any work
     return _audit_sql(target, sql, epsilon=epsilon, delta=delta, neighbour=neighbour,
                       samples=samples, confidence=confidence, table=table, where=where,
                       record=record, unit_column=unit_column, via=via, database=database,
@@ -329,6 +330,8 @@ def _audit_sql(conn, sql, *, epsilon, delta, neighbour, samples, confidence, tab
             raise ValueError(f"the query does not read table {table}")
     elif len(tables) == 1:
         source = tables[0]
+    elif not tables:
+        raise ValueError("the query reads no table: an audit needs a table to build D and D′ from")
     else:
         raise ValueError(f"the query reads several tables ({', '.join(tables)}); choose one with table=")
     _check(claimed_eps, claimed_delta, confidence, samples)
