@@ -303,11 +303,14 @@ class Catalog:
             cached = self._cache()
             if cached is not None:
                 return cached
-            self._ensure_meta()
-            df = self.backend.query_df(
-                f"SELECT table_name AS t_name, argMax(spec, version) AS t_spec, argMax(salt, version) AS t_salt, "
-                f"argMax(deleted, version) AS t_deleted, max(version) AS t_version "
-                f"FROM {META_TABLE} GROUP BY table_name")
+            read = (f"SELECT table_name AS t_name, argMax(spec, version) AS t_spec, argMax(salt, version) AS t_salt, "
+                    f"argMax(deleted, version) AS t_deleted, max(version) AS t_version "
+                    f"FROM {META_TABLE} GROUP BY table_name")
+            try:  # read first: a read-only analyst on a server cannot create the table
+                df = self.backend.query_df(read)
+            except DPCHError:
+                self._ensure_meta()
+                df = self.backend.query_df(read)
             entries: dict[str, TableEntry] = {}
             for row in df.itertuples(index=False):
                 if int(row.t_deleted):

@@ -80,7 +80,7 @@ from . import calibration as cal
 from .bind import AggCall, BoundQuery, KeySpec, func_name, sql_of
 from .catalog import TableEntry, base_type, is_integer_type, is_nullable, literal_sql, quote_ident
 from .cost import MechanismCost, PrivacyCost
-from .errors import InvalidParameter, QueryRejected
+from .errors import CatalogError, InvalidParameter, QueryRejected
 from .mechanisms import GaussianMechanism, LaplaceMechanism
 
 FIXED_POINT_BITS = 20
@@ -887,7 +887,10 @@ class _Planner:
         e = self.entry
         qkeys = self._query_keys_for(key)
         if qkeys is not None:
-            arr = f"[{', '.join(literal_sql(v) for v in qkeys)}]"
+            try:
+                arr = f"[{', '.join(literal_sql(v) for v in qkeys)}]"
+            except CatalogError:
+                raise InvalidParameter(f"keys[{key.name!r}]: values must be strings, numbers, booleans or None") from None
             return KeyDomain(array_sql=arr, filter_sql=f"has({arr}, {key.sql})", source="query keys",
                              size=len(qkeys))
         if len(key.columns) != 1:
