@@ -90,10 +90,7 @@ def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> p
     try:
         df = execute(conn.backend, prepared.rewritten)
     except BaseException:
-        try:
-            ledger.mark(receipt, "failed")
-        finally:
-            pass
+        ledger.mark(receipt, "failed")  # the charge stays: fail closed
         raise
     try:
         ledger.mark(receipt, "executed")

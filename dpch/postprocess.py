@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -154,9 +153,6 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         meta[o.name]["ci_low"] = [float(x) for x in lo]
         meta[o.name]["ci_high"] = [float(x) for x in hi]
     if plan.options.with_ci:
-        cols = []
-        for name in out.columns:
-            cols.append(name)
         new = {}
         for o in plan.bound.outputs:
             new[o.name] = out[o.name]
@@ -190,7 +186,3 @@ def result_metadata(df: pd.DataFrame) -> dict:
     if meta is None:
         raise KeyError("this DataFrame carries no DPCH metadata")
     return meta
-
-
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
