@@ -18,6 +18,7 @@ STYLE = {
 
 def make_plots(data: dict, out_dir: Path) -> list[Path]:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -63,12 +64,17 @@ def make_plots(data: dict, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), squeeze=False)
         for ax, (qid, stat) in zip(axes[0], panels):
             for system in ALL:
-                pts = sorted((r["eps"], r["stats"][stat]["rmse"]) for r in acc
-                             if r["qid"] == qid and r["system"] == system and stat in r.get("stats", {}))
+                # like with like: the controller's count before its clamp at 0 (peers release unclamped)
+                st = stat + "_unclamped" if system == "dpch_controller" and stat == "count" else stat
+                pts = sorted((r["eps"], r["stats"][st]["rmse"]) for r in acc
+                             if r["qid"] == qid and r["system"] == system and st in r.get("stats", {}))
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], label=LABELS[system], **STYLE[system])
+                    label = LABELS[system] + (" (unclamped)" if st != stat else "")
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, **STYLE[system])
             ax.set_xscale("log")
             ax.set_yscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("ε per released statistic")
             ax.set_ylabel(f"RMSE of {stat}")
             ax.set_title(f"({qid}) {stat}", fontsize=9)

@@ -125,6 +125,10 @@ def machine_info() -> dict:
     try:
         commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "dpch", "udf",
+                                "clickhouse_config"], capture_output=True, text=True).stdout.strip()
+        if dirty:
+            commit += f" + uncommitted changes in {len(dirty.splitlines())} file(s) of dpch/, udf/, clickhouse_config/"
     except OSError:
         commit = "?"
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": mem_gib, "kernel": platform.release(),
@@ -194,6 +198,16 @@ def make_inproc(name: str, db, wl):
         return DpchSql(db, wl, QUERIES)
     from systems.dpch_controller import DpchController
     return DpchController(db, wl, QUERIES)
+
+
+def peer_unsupported(system: str, qid: str) -> str | None:
+    import importlib
+
+    mod = importlib.import_module(f"systems.{system}")
+    for obj in vars(mod).values():
+        if isinstance(obj, type) and getattr(obj, "name", None) == system:
+            return obj.UNSUPPORTED.get(qid)
+    return None
 
 
 def run_peer(system: str, parquet: Path, rows: int, tasks: list[dict], timeout_s: float) -> list[dict]:
@@ -281,11 +295,15 @@ def phase_speed(args, db, results: Results, avail: dict) -> None:
                     results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "skipped",
                                           "reason": "peers are run at the sizes in --peer-sizes only"})
             continue
-        parquet = ensure_parquet(db, wl, regenerated=regenerated, log=log)
+        parquet = ensure_parquet(db, wl, args.data_dir / "parquet", regenerated=regenerated, log=log)
         for p in (s for s in args.systems if s in PEERS):
             reason = args.peer_unavailable.get(p)
             tasks = []
             for qid in args.queries:
+                if peer_unsupported(p, qid):
+                    results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "n/a",
+                                          "reason": peer_unsupported(p, qid)})
+                    continue
                 skip = reason or projected_skip(results, p, qid, rows, args)
                 if skip:
                     results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "skipped", "reason": skip})
@@ -367,7 +385,7 @@ def phase_accuracy(args, db, results: Results, avail: dict) -> None:
                     results.put("accuracy", {"rows": wl.rows, "qid": qid, "system": name, "eps": eps,
                                              "status": "skipped", "reason": avail[name]})
     peers = [p for p in args.systems if p in PEERS]
-    parquet = ensure_parquet(db, wl, regenerated=regenerated, log=log) if peers else None
+    parquet = ensure_parquet(db, wl, args.data_dir / "parquet", regenerated=regenerated, log=log) if peers else None
     truths = {qid: truth(db, wl, QUERIES[qid]) for qid in args.queries}
     cells = [(eps, qid) for eps in args.acc_eps for qid in args.queries
              if math.isclose(eps, args.eps) or qid in args.sweep_queries]
@@ -402,9 +420,12 @@ def phase_accuracy(args, db, results: Results, avail: dict) -> None:
             continue
         tasks = []
         for eps, qid in cells:
+            if peer_unsupported(p, qid):
+                continue
             reps = args.acc_reps if math.isclose(eps, args.eps) else args.sweep_reps
+            min_reps = args.acc_min_reps if QUERIES[qid].n_keys <= 1000 else args.acc_min_reps_many_keys
             tasks.append({"kind": "acc", "qid": qid, "eps": eps, "reps": reps,
-                          "min_reps": min(reps, args.acc_min_reps), "budget_s": args.acc_budget_s,
+                          "min_reps": min(reps, min_reps), "budget_s": args.acc_budget_s,
                           "truth": truths[qid].values})
         log(f"accuracy peer {p}: {len(tasks)} cells")
         for res in run_peer(p, parquet, wl.rows, tasks, args.peer_timeout_s):
@@ -447,7 +468,10 @@ def parse_args(argv=None):
     ap.add_argument("--acc-reps", type=int, default=1000)
     ap.add_argument("--acc-min-reps", type=int, default=1000,
                     help="a peer task stops at its time budget only after this many repetitions")
-    ap.add_argument("--acc-budget-s", type=float, default=600.0)
+    ap.add_argument("--acc-min-reps-many-keys", type=int, default=100,
+                    help="the same for queries with > 1000 keys ((d): 100 repetitions = 1 M released values)")
+    ap.add_argument("--acc-budget-s", type=float, default=300.0,
+                    help="a peer accuracy task stops after this many seconds once it has its minimum repetitions")
     ap.add_argument("--acc-eps", type=floats, default=[0.1, 0.3, 1.0, 3.0])
     ap.add_argument("--sweep-queries", default="ab")
     ap.add_argument("--sweep-reps", type=int, default=200, help="peer repetitions at the ε ≠ --eps sweep points")
@@ -472,7 +496,8 @@ def main(argv=None) -> int:
     results = Results(args.out)
     results.data["machine"] = machine_info()
     cmd = "python3 bench/run_all.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    results.data["commands"] = (results.data.get("commands", []) + [cmd.strip()])[-20:]
+    stamp = f"   # {results.data['machine']['date']}, DPCH {results.data['machine']['commit']}"
+    results.data["commands"] = (results.data.get("commands", []) + [cmd.strip() + stamp])[-20:]
     args.peer_unavailable = {}
     needs_peers = any(s in PEERS for s in args.systems) and ({"speed", "accuracy"} & args.phases)
     if needs_peers:

@@ -4,6 +4,7 @@ sensitivity-bounded ClickHouse query out, budget charged in the ledger before it
 Catalog (registered by the harness, the same bounds as every peer):
 - `bench.events_<size>`: privacy unit `user_id`, `amount` in [0, 500], ≤1 group per unit,
   ≤10 rows per unit, public keys: the 100 regions and the 10 000 items — query (b);
+- `bench.events_<size>_u10` (a view): the same with ≤10 groups and ≤10 rows per unit — query (e);
 - `bench.events_<size>_rows` (a view over the same table): row-level (no privacy unit), the same
   bounds and public keys — queries (a), (c), (d).
 
@@ -32,6 +33,7 @@ class DpchController(System):
         "b": "privacy unit user_id, ≤1 group, ≤10 rows/unit; SELECT region, COUNT(*), SUM(amount) ... GROUP BY region",
         "c": "row-level view; SELECT AVG(amount) FROM t_rows",
         "d": "row-level view, 10 000 public item keys; SELECT item, COUNT(*), SUM(amount) ... GROUP BY item",
+        "e": "view catalogued with ≤10 groups and ≤10 rows per unit; same SQL as (b)",
     }
 
     def __init__(self, db, wl, queries):
@@ -44,12 +46,18 @@ class DpchController(System):
                      max_groups_contributed=MAX_GROUPS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
                      public_keys=keys)
         cat.register(wl.row_view, privacy_unit=None, bounds={"amount": AMOUNT_BOUNDS}, public_keys=keys)
-        for table in (wl.table, wl.row_view):
+        cat.register(wl.rows10_view, privacy_unit="user_id", bounds={"amount": AMOUNT_BOUNDS},
+                     max_groups_contributed=MAX_ROWS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
+                     public_keys=keys)
+        for table in (wl.table, wl.row_view, wl.rows10_view):
             _set_budget(db, table)
 
     def sql(self, qid: str) -> str:
         q = self.queries[qid]
-        table = self.wl.table if q.level == "user" else self.wl.row_view
+        if q.level == "row":
+            table = self.wl.row_view
+        else:
+            table = self.wl.rows10_view if q.max_groups > 1 else self.wl.table
         if q.group is None:
             return f"SELECT AVG(amount) AS avg FROM {table}"
         return (f"SELECT {q.group} AS key, COUNT(*) AS count, SUM(amount) AS sum FROM {table} "

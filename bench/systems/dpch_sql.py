@@ -22,7 +22,8 @@ class DpchSql(System):
         "c": "SELECT dp_avg(amount, 0, 500, ε) FROM t",
         "d": "SELECT item, dp_count(ε), dp_sum(amount, 0, 500, ε) FROM t GROUP BY item",
     }
-    UNSUPPORTED = {"b": "the SQL functions are row-level by definition (user-level is the controller)"}
+    UNSUPPORTED = {"b": "the SQL functions are row-level by definition (user-level is the controller)",
+                   "e": "the SQL functions are row-level by definition (user-level is the controller)"}
 
     def __init__(self, db, wl, queries):
         self.db, self.wl, self.queries = db, wl, queries

@@ -30,6 +30,7 @@ class OpenDPPolars(System):
         "c": "unit_of(contributions=1); select(amount.dp.mean((0,500)))",
         "d": "unit_of(contributions=1); group_by(item).agg(...).with_keys(10 000 items)",
     }
+    UNSUPPORTED = {"e": "not run: (e) exists to compare SmartNoise like with like (its row-only bound)"}
 
     def __init__(self, df, queries, rows: int):
         import opendp.prelude as dp

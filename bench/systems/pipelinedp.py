@@ -31,6 +31,7 @@ class PipelineDP(System):
         "c": "MEAN over one public partition, bounds already enforced (row-level), Laplace",
         "d": "COUNT+SUM, public partitions = 10 000 items, bounds already enforced (row-level)",
     }
+    UNSUPPORTED = {"e": "not run: (e) exists to compare SmartNoise like with like (its row-only bound)"}
 
     def __init__(self, df, queries, rows: int):
         import pipeline_dp  # noqa: F401

@@ -16,6 +16,7 @@ class Plain(System):
         "b": "SELECT region, count(), sum(amount) FROM t GROUP BY region (no bounding: the floor)",
         "c": "SELECT avg(amount) FROM t",
         "d": "SELECT item, count(), sum(amount) FROM t GROUP BY item",
+        "e": "same as (b)",
     }
 
     def __init__(self, db, wl, queries):

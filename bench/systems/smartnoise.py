@@ -32,6 +32,7 @@ class SmartNoise(System):
         "b": "private_id user_id, max_ids=10 (reservoir sample); same SQL as (a)",
         "c": "row_privacy=True; SELECT AVG(amount) FROM t",
         "d": "row_privacy=True, censor_dims=False; GROUP BY item (releases the keys present)",
+        "e": "same as (b): SmartNoise's max_ids bounds rows per user (≤10), not groups",
     }
 
     def __init__(self, df, queries, rows: int):
