@@ -87,15 +87,21 @@ def test_sql_laplace_count_has_power(eng):
     assert 0.7 <= r.epsilon_lb <= 1.0, r.text()
 
 
-@pytest.mark.parametrize("template,eps,neighbour,expect_far_below", [
-    (fx.SQL_SCALE_IS_EPSILON, 0.5, "remove-row", False),
-    (fx.SQL_HALF_SENSITIVITY, 1.0, "add-row", False),
-    (fx.SQL_ONE_SIDED_CLIP, 1.0, "add-row", True),
+# The half-sensitivity fixture violates only for an added row whose amount exceeds 250, so its
+# row is given (a searched candidate with a typical amount would be a correct 0.8-DP neighbour);
+# the one-sided clip is left to the worst-case search, which must find the row far below.
+HALF_SENS_ROW = {"user_id": 999, "region": "north", "age": 30, "amount": 500.0}
+
+
+@pytest.mark.parametrize("template,eps,neighbour,record,expect_far_below", [
+    (fx.SQL_SCALE_IS_EPSILON, 0.5, "remove-row", None, False),
+    (fx.SQL_HALF_SENSITIVITY, 1.0, "add-row", HALF_SENS_ROW, False),
+    (fx.SQL_ONE_SIDED_CLIP, 1.0, "add-row", None, True),
 ], ids=["scale_is_epsilon", "half_sensitivity", "one_sided_clip"])
-def test_broken_sql_fixtures_are_violations(eng, template, eps, neighbour, expect_far_below):
+def test_broken_sql_fixtures_are_violations(eng, template, eps, neighbour, record, expect_far_below):
     sql = template.format(eps=eps, table=SRC)
-    r = audit(eng, sql, epsilon=eps, neighbour=neighbour, samples=4000, confidence=CONF,
-              pilot=PILOT, database=DB)
+    r = audit(eng, sql, epsilon=eps, neighbour=neighbour, record=record, samples=4000,
+              confidence=CONF, pilot=PILOT, database=DB)
     assert r.verdict == "VIOLATION", r.text()
     if expect_far_below:
         assert "far below" in r.neighbour
