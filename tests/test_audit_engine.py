@@ -84,7 +84,9 @@ def test_sql_laplace_count_has_power(eng):
     (the power target of 0.9 at 20 000 samples is measured in bench/bench_audit.py)."""
     r = audit(eng, f"SELECT dp_count(1.0) AS v FROM {SRC}", epsilon=1.0, samples=4000,
               confidence=0.95, pilot=PILOT, database=DB)
-    assert 0.7 <= r.epsilon_lb <= 1.0, r.text()
+    # Only the power side: an upper check at confidence 0.95 could fail for a correct mechanism
+    # with probability up to 5% (no-false-alarm checks run at confidence 1 - 1e-8).
+    assert r.epsilon_lb >= 0.6, r.text()  # ≈ 5.5 spreads (≈ 0.058 each) below the expected 0.92
 
 
 # The half-sensitivity fixture violates only for an added row whose amount exceeds 250, so its

@@ -59,7 +59,8 @@ def test_power_laplace_count_eps1_20000_samples():
     r = audit_samplers(lambda n: mech(range(100), n), lambda n: mech(range(99), n), epsilon=1.0,
                        samples=20_000, confidence=0.95)
     assert r.epsilon_lb >= 0.85, r.text()
-    assert r.verdict == "consistent"
+    # No verdict check here: at confidence 0.95 a correct mechanism may be flagged with
+    # probability up to 5%; no-false-alarm checks run at confidence 1 - 1e-8 above.
     # The best distinguisher's accuracy is close to the bound e/(1+e) (Laplace attains it).
     assert r.analysis.membership.accuracy == pytest.approx(np.e / (1 + np.e), abs=0.03)
 
