@@ -229,7 +229,7 @@ def render(data: dict, plots: list[Path], md_path: Path, section: str) -> str:
     lines.append("### Speed")
     lines.append("")
     for q in QUERIES.values():
-        lines.append(f"- ({q.qid}) {q.title}")
+        lines.append(f"- ({q.qid}) {q.title}" + (f" — {q.notes}" if q.notes else ""))
     lines.append("")
     sizes = sorted({r["rows"] for r in data.get("speed", [])})
     for rows in sizes:
