@@ -44,13 +44,15 @@ def test_metadata_and_confidence_intervals(adb):
 
 
 def test_ci_covers_true_bounded_value_with_little_noise(adb):
-    """With a huge ε the CI must contain the noiseless (bounded) value."""
+    """With a huge ε the CI must contain the noiseless (bounded) value. A level-L interval misses
+    with probability 1 - L whatever ε is (a CI failure at L = 0.95 showed it), so the level is
+    1 - 1e-8 per interval: three intervals miss with probability below 3e-8."""
     from dpch.rewrite import rewrite_for_sensitivity_check
 
     sql = f"SELECT COUNT(*) AS n, AVG(age) AS a, SUM(amount) AS s FROM {DB}.purchases"
     prepared = prepare(adb, sql, epsilon=1e4)
     truth = adb.raw_query(rewrite_for_sensitivity_check(prepared.plan).sql)
-    df = adb.query(sql, epsilon=1e4)
+    df = adb.query(sql, epsilon=1e4, confidence=1 - 1e-8)
     cols = df.attrs["dpch"]["columns"]
     for c in ("n", "a", "s"):
         assert cols[c]["ci_low"][0] <= float(truth[c].iloc[0]) <= cols[c]["ci_high"][0]
