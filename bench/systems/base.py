@@ -47,6 +47,24 @@ def align(keys: list[int], got_keys, columns: dict[str, object]) -> dict[str, li
 
 
 # -- memory ----------------------------------------------------------------------------------
+class EngineSqlSystem(System):
+    """A system that answers each query with one SQL statement on the shared chDB engine (plain
+    ClickHouse and the DPCH SQL functions); subclasses only say which SQL."""
+
+    def __init__(self, db, wl, queries):
+        self.db, self.wl, self.queries = db, wl, queries
+
+    def sql(self, qid: str, eps: float) -> str:
+        raise NotImplementedError
+
+    def run(self, qid: str, eps: float):
+        q = self.queries[qid]
+        df = self.db.raw_query(self.sql(qid, eps))
+        if q.group is None:
+            return {"avg": [float(df["avg"][0])]}
+        return align(q.keys, df["key"], {"count": df["count"], "sum": df["sum"]})
+
+
 def _status_kib(field_name: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:

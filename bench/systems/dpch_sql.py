@@ -12,10 +12,10 @@ have no way to emit a key that has no rows.
 """
 from __future__ import annotations
 
-from .base import System, align
+from .base import EngineSqlSystem
 
 
-class DpchSql(System):
+class DpchSql(EngineSqlSystem):
     name = "dpch_sql"
     CONFIG = {
         "a": "SELECT region, dp_count(ε), dp_sum(amount, 0, 500, ε) FROM t GROUP BY region",
@@ -25,9 +25,6 @@ class DpchSql(System):
     UNSUPPORTED = {"b": "the SQL functions are row-level by definition (user-level is the controller)",
                    "e": "the SQL functions are row-level by definition (user-level is the controller)"}
 
-    def __init__(self, db, wl, queries):
-        self.db, self.wl, self.queries = db, wl, queries
-
     def sql(self, qid: str, eps: float) -> str:
         q = self.queries[qid]
         t = self.wl.table
@@ -36,10 +33,3 @@ class DpchSql(System):
             return f"SELECT dp_avg(amount, 0, 500, {e}) AS avg FROM {t}"
         return (f"SELECT {q.group} AS key, dp_count({e}) AS count, dp_sum(amount, 0, 500, {e}) AS sum "
                 f"FROM {t} GROUP BY key ORDER BY key")
-
-    def run(self, qid: str, eps: float):
-        q = self.queries[qid]
-        df = self.db.raw_query(self.sql(qid, eps))
-        if q.group is None:
-            return {"avg": [float(df["avg"][0])]}
-        return align(q.keys, df["key"], {"count": df["count"], "sum": df["sum"]})

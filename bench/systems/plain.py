@@ -6,10 +6,10 @@ bounding is part of what DP costs, so the floor does not include it.
 """
 from __future__ import annotations
 
-from .base import System, align
+from .base import EngineSqlSystem
 
 
-class Plain(System):
+class Plain(EngineSqlSystem):
     name = "plain"
     CONFIG = {
         "a": "SELECT region, count(), sum(amount) FROM t GROUP BY region",
@@ -19,9 +19,6 @@ class Plain(System):
         "e": "same as (b)",
     }
 
-    def __init__(self, db, wl, queries):
-        self.db, self.wl, self.queries = db, wl, queries
-
     def sql(self, qid: str, eps: float) -> str:
         q = self.queries[qid]
         t = self.wl.table
@@ -29,10 +26,3 @@ class Plain(System):
             return f"SELECT avg(amount) AS avg FROM {t}"
         return (f"SELECT {q.group} AS key, count() AS count, sum(amount) AS sum FROM {t} "
                 f"GROUP BY key ORDER BY key")
-
-    def run(self, qid: str, eps: float):
-        q = self.queries[qid]
-        df = self.db.raw_query(self.sql(qid, eps))
-        if q.group is None:
-            return {"avg": [float(df["avg"][0])]}
-        return align(q.keys, df["key"], {"count": df["count"], "sum": df["sum"]})
