@@ -51,6 +51,24 @@ def dpch_reference(qid: str) -> str:
     return "dpch_controller" if QUERIES[qid].level == "user" else "dpch_sql"
 
 
+def _like_with_like(data: dict, peer_rec: dict, stat: str, default_ref: dict | None):
+    """The DPCH record and statistic a peer's released ``stat`` is compared with.
+
+    Raw noisy releases are compared with raw noisy releases: DPCH's ``count_unclamped`` where the
+    controller clamps. SmartNoise SQL post-processes its counts: it casts the noisy (continuous
+    Laplace) count to int with Python's ``int()``, a truncation toward 0 (snsql 1.0.10,
+    ``PrivateReader._execute_ast`` → ``convert``), which shrinks small counts toward 0. Its like is a
+    DPCH count that is also post-processed toward 0: the controller's released count (clamped at 0).
+    """
+    if peer_rec["system"] == "smartnoise" and stat == "count":
+        ref = _acc(data, peer_rec["qid"], "dpch_controller", peer_rec["eps"])
+        if ref is not None and ref.get("status") == "ok":
+            return ref, "count"
+    if default_ref is None or default_ref.get("status") != "ok":
+        return None, stat
+    return default_ref, (stat + "_unclamped" if stat + "_unclamped" in default_ref["stats"] else stat)
+
+
 def ratios(data: dict) -> list[dict]:
     out = []
     sizes = sorted({r["rows"] for r in data.get("speed", [])})
@@ -134,14 +152,12 @@ def target_checks(data: dict, headline_eps: float) -> list[tuple[str, str, str]]
             continue
         if r["system"] == "smartnoise" and r["qid"] == "b":
             continue  # SmartNoise cannot bound groups per user: like with like is (e), not (b)
-        ref = _acc(data, r["qid"], dpch_reference(r["qid"]), r["eps"])
-        if ref is None or ref.get("status") != "ok":
-            ref = _acc(data, r["qid"], "dpch_controller", r["eps"])
-        if ref is None or ref.get("status") != "ok":
-            continue
+        default_ref = _acc(data, r["qid"], dpch_reference(r["qid"]), r["eps"])
+        if default_ref is None or default_ref.get("status") != "ok":
+            default_ref = _acc(data, r["qid"], "dpch_controller", r["eps"])
         for st, v in r["stats"].items():
-            ref_st = st + "_unclamped" if st + "_unclamped" in ref["stats"] else st  # like with like
-            if ref_st in ref["stats"]:
+            ref, ref_st = _like_with_like(data, r, st, default_ref)
+            if ref is not None and ref_st in ref["stats"]:
                 a, b = ref["stats"][ref_st], v
                 se = math.sqrt(a.get("mse_se", 0) ** 2 + b.get("mse_se", 0) ** 2)
                 z = (a["rmse"] ** 2 - b["rmse"] ** 2) / se if se > 0 else math.nan
@@ -282,7 +298,9 @@ def render(data: dict, plots: list[Path], md_path: Path, section: str) -> str:
                      "SmartNoise omits keys with no rows (`released` < 1 on (d)); its RMSE is over the keys it released. "
                      "The controller releases counts clamped at 0 (`count`, free post-processing that lowers RMSE on small "
                      "counts); `count_unclamped` is its noisy count before the clamp, and that is what is compared with the "
-                     "peers (which release unclamped counts) and with the optimum.")
+                     "optimum and with OpenDP and PipelineDP (which release raw noisy counts). SmartNoise truncates its "
+                     "noisy counts toward 0 (`int()` of a continuous Laplace value), so its counts are compared with the "
+                     "controller's released (clamped) `count`: post-processed with post-processed.")
         lines.append("")
         eps_list = sorted({r["eps"] for r in acc})
         for eps in eps_list:

@@ -494,10 +494,12 @@ def main(argv=None) -> int:
     if args.fresh and args.out.exists():
         args.out.unlink()
     results = Results(args.out)
-    results.data["machine"] = machine_info()
+    if {"speed", "accuracy"} & args.phases or "machine" not in results.data:
+        results.data["machine"] = machine_info()  # a report-only run keeps the measuring run's machine/commit
     cmd = "python3 bench/run_all.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     stamp = f"   # {results.data['machine']['date']}, DPCH {results.data['machine']['commit']}"
-    results.data["commands"] = (results.data.get("commands", []) + [cmd.strip() + stamp])[-20:]
+    if {"speed", "accuracy"} & args.phases:  # only measuring runs are listed as reproducing commands
+        results.data["commands"] = (results.data.get("commands", []) + [cmd.strip() + stamp])[-20:]
     args.peer_unavailable = {}
     needs_peers = any(s in PEERS for s in args.systems) and ({"speed", "accuracy"} & args.phases)
     if needs_peers:
