@@ -50,6 +50,26 @@ class Connection:
             self._catalog = Catalog(self.backend)
         return self._catalog
 
+    def accelerate(self, table: str, group_by=(), columns=None, *, materialize: bool = True):
+        """Add the per-unit projection that serves user-level ``GROUP BY group_by`` queries on
+        ``table`` (dpch.accelerate). Same privacy guarantee and answers' distribution as without
+        it; charges nothing."""
+        from .accelerate import accelerate
+
+        return accelerate(self, table, group_by, columns, materialize=materialize)
+
+    def accelerations(self, table: str):
+        """DPCH's per-unit projections on ``table``, each current or stale (dpch.accelerate)."""
+        from .accelerate import accelerations
+
+        return accelerations(self, table)
+
+    def drop_accelerations(self, table: str, *, stale_only: bool = False) -> list[str]:
+        """Drop DPCH's per-unit projections on ``table`` (dpch.accelerate)."""
+        from .accelerate import drop_accelerations
+
+        return drop_accelerations(self, table, stale_only=stale_only)
+
     @property
     def ledger(self):
         if self._ledger is None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bind import sql_of
-from .catalog import quote_ident
+from .catalog import base_type, is_integer_type, quote_ident
 from .plan import Plan, Quantity, _flit
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
@@ -68,14 +68,58 @@ class _Rewriter:
         self.row_qs = [q for q in plan.quantities if q.row_sql is not None]
 
     # -- helpers ----------------------------------------------------------------------------
-    def _where(self) -> str:
+    def _where(self, *, key_filters: bool = True) -> str:
         parts = []
         if self.plan.bound.where is not None:
             parts.append(f"({sql_of(self.plan.bound.where)})")
         for key, dom in zip(self.keys, self.plan.key_domains):
-            if dom is not None and dom.filter_sql:
+            if key_filters and dom is not None and dom.filter_sql:
                 parts.append(f"({dom.filter_sql})")
         return ("\nWHERE " + " AND ".join(parts)) if parts else ""
+
+    def _defer_key_filters(self) -> bool:
+        """User level, k = 1, declared public domains: the unit's group is chosen among all its
+        rows and groups outside the domain are dropped afterwards by the LEFT JOIN from the
+        public keys. The per-unit stage then reads the table with the analyst's WHERE only, so a
+        per-unit projection (dpch.accelerate) can serve it. Keys given per query (`keys=`) still
+        filter rows first: an explicit restriction should steer which group a unit keeps."""
+        p = self.plan
+        return (not p.entry.row_level and self.nk > 0 and p.bounding.k == 1 and p.key_mode == "public"
+                and all(d is not None and d.source != "query keys" for d in p.key_domains))
+
+    def filters_keys_before_bounding(self) -> bool:
+        """Whether the rows stage filters rows on group-key domains (then no per-unit projection,
+        which holds every row's contribution, can serve the per-unit stage)."""
+        return not self._defer_key_filters() and any(
+            d is not None and d.filter_sql for d in self.plan.key_domains)
+
+    def unit_hash_sql(self, key_sqls: list[str], unit_sql: str) -> str:
+        """h(unit, keys) = sipHash64Keyed(salt, keys) XOR hash(unit, salt'): salted, a function of
+        the unit's own (unit, key) pair only. The key part is computed once per distinct value for
+        LowCardinality keys; the unit part is an integer hash: cheap per row."""
+        p = self.plan
+        unit_type = p.entry.columns.get(p.entry.privacy_unit or "", "")
+        if is_integer_type(unit_type) and base_type(unit_type) not in ("Int128", "Int256", "UInt128", "UInt256"):
+            unit_hash = f"intHash64(bitXor(toUInt64({unit_sql}), {UNIT_SALT_PLACEHOLDER}))"
+        else:
+            unit_hash = f"cityHash64({unit_sql}, {UNIT_SALT_PLACEHOLDER})"
+        return f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {', '.join(key_sqls)}), {unit_hash})"
+
+    def per_unit_aggregates(self, *, inline: bool) -> list[str]:
+        """The per-unit stage's aggregate calls (k = 1 or no GROUP BY), over the rows stage's
+        aliases, or (``inline``) over the table's columns: the latter is what a per-unit projection
+        stores (ClickHouse matches projections by expression, so both spell the same thing)."""
+        if inline:
+            keys = [f"({sql_of(k.expr)})" for k in self.keys]
+            h = self.unit_hash_sql(keys, quote_ident(self.plan.entry.privacy_unit))  # type: ignore[arg-type]
+            res = [f"({q.row_sql})" for q in self.row_qs]
+        else:
+            keys = [f"__dp_rk{j}" for j in range(self.nk)]
+            h = "__dp_h"
+            res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
+        if not self.nk:
+            return ["count()"] + [f"sum({r})" for r in res]
+        return [f"argMin({k}, {h})" for k in keys] + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res]
 
     def _k(self, j: int) -> str:
         return f"__dp_k{j}"
@@ -111,30 +155,17 @@ class _Rewriter:
         re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)]
         hash_sql = ""
         if self.nk:
-            # h(unit, keys) = sipHash64Keyed(salt, keys) XOR hash(unit, salt'): salted, a function of the
-            # unit's own (unit, key) pair only. The key part is computed once per distinct value for
-            # LowCardinality keys, the unit part is an integer hash: cheap per row.
-            key_args = ", ".join(f"__dp_rk{j}" for j in range(self.nk))
-            unit_type = p.entry.columns.get(p.entry.privacy_unit or "", "")
-            from .catalog import base_type as _bt, is_integer_type as _is_int
-            if _is_int(unit_type) and _bt(unit_type) not in ("Int128", "Int256", "UInt128", "UInt256"):
-                unit_hash = f"intHash64(bitXor(toUInt64(__dp_u), {UNIT_SALT_PLACEHOLDER}))"
-            else:
-                unit_hash = f"cityHash64(__dp_u, {UNIT_SALT_PLACEHOLDER})"
-            hash_sql = f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {key_args}), {unit_hash}) AS __dp_h"
+            key_args = [f"__dp_rk{j}" for j in range(self.nk)]
+            hash_sql = f"{self.unit_hash_sql(key_args, '__dp_u')} AS __dp_h"
         rows = ", ".join([f"{unit} AS __dp_u"] + rk + ([hash_sql] if hash_sql else []) + re)
-        rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{self._where()}"
+        rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{self._where(key_filters=not self._defer_key_filters())}"
 
         s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))]
         if not self.nk or b.k == 1:
             cap = min(b.max_rows, b.rows_per_group)
-            if not self.nk:
-                per_unit_cols = ["toInt64(count()) AS __dp_c"] + [
-                    f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
-            else:
-                per_unit_cols = [f"argMin(__dp_rk{j}, __dp_h) AS {self._k(j)}" for j in range(self.nk)] + \
-                    ["toInt64(countArgMin(__dp_h)) AS __dp_c"] + \
-                    [f"sumArgMin(__dp_re{i}, __dp_h) AS __dp_s{i}" for i in range(len(self.row_qs))]
+            aggs = self.per_unit_aggregates(inline=False)
+            names = [self._k(j) for j in range(self.nk)] + ["__dp_c"] + s_cols
+            per_unit_cols = [f"toInt64({a}) AS {n}" if n == "__dp_c" else f"{a} AS {n}" for a, n in zip(aggs, names)]
             per_unit = (f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u")
             scaled = [f"{self._k(j)}" for j in range(self.nk)] + [f"least(__dp_c, {cap}) AS __dp_r"]
             for i, q in enumerate(self.row_qs):
