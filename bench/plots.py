@@ -10,6 +10,7 @@ STYLE = {
     "plain": dict(color="0.4", marker="s", linestyle="--"),
     "dpch_sql": dict(color="tab:blue", marker="o"),
     "dpch_controller": dict(color="tab:cyan", marker="D"),
+    "dpch_accel": dict(color="tab:purple", marker="*"),
     "smartnoise": dict(color="tab:red", marker="^"),
     "pipelinedp": dict(color="tab:orange", marker="v"),
     "opendp_polars": dict(color="tab:green", marker="P"),

@@ -3,7 +3,9 @@
 ``rewrite(plan) -> Rewritten``. The query is a chain of subqueries, innermost first (each a small
 pass, as in sqlglot's optimizer):
 
-1. ``rows``: the table, filtered by the analyst's WHERE (and by the public key domains), projected
+1. ``rows``: the table, filtered by the analyst's WHERE (and by the key domains, except declared
+   public domains at user level with k = 1, which the LEFT JOIN of stage 3 applies after the
+   per-unit choice so that a per-unit projection, dpch.accelerate, can serve stage 2), projected
    to the privacy unit, the group keys, the salted hash
    ``sipHash64Keyed(<salt>, keys) XOR intHash64(unit XOR <salt'>)`` of the unit's (unit, keys) pair
    and each quantity's per-row contribution in fixed-point units (columns and values clipped).

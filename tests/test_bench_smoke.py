@@ -64,8 +64,10 @@ def test_theoretical_variances():
 def test_harness_inprocess_systems_tiny(tmp_path):
     data = _run_harness(tmp_path, "--sizes", "3000", "--peer-sizes", "", "--runs", "2", "--warmup", "1",
                         "--acc-rows", "1500", "--acc-reps", "5", "--acc-eps", "0.5,1", "--sweep-reps", "3",
-                        "--systems", "plain,dpch_sql,dpch_controller")
+                        "--systems", "plain,dpch_sql,dpch_controller,dpch_accel")
     speed = {(r["qid"], r["system"]): r for r in data["speed"]}
+    assert speed[("b", "dpch_accel")]["status"] == "ok", speed[("b", "dpch_accel")]
+    assert speed[("a", "dpch_accel")]["status"] == "n/a"
     for qid in "abcd":
         assert speed[(qid, "plain")]["status"] == "ok"
         assert speed[(qid, "dpch_controller")]["status"] == "ok", speed[(qid, "dpch_controller")]

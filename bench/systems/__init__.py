@@ -7,7 +7,7 @@ process on the embedded store. The peers (SmartNoise SQL, PipelineDP, OpenDP Pol
 own virtualenvs (see run_all.py: their pins conflict with DPCH's core dependencies) through
 `bench/peer_worker.py`; their modules import only the standard library and numpy at import time.
 """
-INPROC = ("plain", "dpch_sql", "dpch_controller")
+INPROC = ("plain", "dpch_sql", "dpch_controller", "dpch_accel")
 PEERS = ("smartnoise", "pipelinedp", "opendp_polars")
 ALL = INPROC + PEERS
 
@@ -15,6 +15,7 @@ LABELS = {
     "plain": "plain ClickHouse",
     "dpch_sql": "DPCH SQL functions",
     "dpch_controller": "DPCH controller",
+    "dpch_accel": "DPCH controller + per-unit projection",
     "smartnoise": "SmartNoise SQL (pandas)",
     "pipelinedp": "PipelineDP (LocalBackend)",
     "opendp_polars": "OpenDP (Polars context)",

@@ -169,6 +169,24 @@ def cmd_catalog_drop(args) -> int:
     return 0
 
 
+def cmd_catalog_accelerate(args) -> int:
+    with _connect(args) as db:
+        if args.list or args.drop or args.drop_stale:
+            if args.drop or args.drop_stale:
+                for name in db.drop_accelerations(args.table, stale_only=args.drop_stale):
+                    print(f"dropped projection {name}")
+            for a in db.accelerations(args.table):
+                print(f"{a.name}\tGROUP BY {', '.join(a.group_by) or '(none)'}\tcolumns {', '.join(a.columns) or '-'}"
+                      f"\t{'current' if a.current else 'STALE (catalog changed; accelerate again)'}")
+            return 0
+        a = db.accelerate(args.table, args.group_by, args.columns.split(",") if args.columns else None,
+                          materialize=not args.no_materialize)
+        print(f"projection {a.name} on {a.table}: per-unit states for GROUP BY {', '.join(a.group_by) or '(none)'}, "
+              f"SUM/AVG of {', '.join(a.columns) or '(no columns)'}; queries without a WHERE on other "
+              "columns now read it")
+    return 0
+
+
 def register(subparsers) -> None:
     q = subparsers.add_parser("query", help="answer a SELECT with differential privacy (charges the budget)")
     _query_args(q)
@@ -209,3 +227,16 @@ def register(subparsers) -> None:
     d.add_argument("table")
     _common(d)
     d.set_defaults(func=cmd_catalog_drop)
+    a = sub.add_parser("accelerate", help="add a per-unit projection that serves user-level GROUP BY queries "
+                       "(or --list/--drop them)")
+    a.add_argument("table")
+    a.add_argument("--group-by", action="append", default=[], metavar="KEY",
+                   help="a GROUP BY key (repeat for several; none: ungrouped queries)")
+    a.add_argument("--columns", default=None, help="comma-separated bounded columns to hold SUM/AVG for "
+                   "(default: every bounded column)")
+    a.add_argument("--no-materialize", action="store_true", help="only new parts get the projection")
+    a.add_argument("--list", action="store_true", help="list DPCH's projections on the table")
+    a.add_argument("--drop", action="store_true", help="drop all of DPCH's projections on the table")
+    a.add_argument("--drop-stale", action="store_true", help="drop the stale ones only")
+    _common(a)
+    a.set_defaults(func=cmd_catalog_accelerate)
