@@ -72,5 +72,10 @@ def test_query_on_server(server_url, tmp_path):
         with pytest.raises(dpch.QueryRejected):
             db.query("SELECT MAX(amount) FROM t_server.purchases", epsilon=1.0)
         assert db.ledger.remaining("srv", "t_server.purchases").spent.epsilon == pytest.approx(1.0)
+        acc = db.accelerate("t_server.purchases", ["region"])  # per-unit projection on the server
+        assert [(a.name, a.current) for a in db.accelerations("t_server.purchases")] == [(acc.name, True)]
+        df = db.query("SELECT region, COUNT(*) AS n FROM t_server.purchases GROUP BY region", epsilon=1.0)
+        assert sorted(df["region"]) == ["ASIA", "EU", "US"]
+        assert db.drop_accelerations("t_server.purchases") == [acc.name]
     finally:
         db.close()
