@@ -31,6 +31,7 @@ allows it (use ``ALTER TABLE … DELETE``, which rebuilds the projection).
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass
 
 from .catalog import META_DATABASE, quote_ident, quote_string
@@ -93,6 +94,29 @@ def _definition(conn, table: str, group_by: tuple[str, ...], columns: tuple[str,
     unit = quote_ident(entry.privacy_unit)  # type: ignore[arg-type]
     sql = f"SELECT {unit}, {', '.join(rw.per_unit_aggregates(inline=True))} GROUP BY {unit}"
     return sql.replace(SALT_PLACEHOLDER, entry.hash_key_sql()).replace(UNIT_SALT_PLACEHOLDER, entry.unit_salt_sql())
+
+
+def projection_hint(plan) -> str:
+    """For explain: whether the plan's per-unit stage could be read from a per-unit projection
+    (a function of the plan only; the engine is not consulted)."""
+    from sqlglot import exp
+
+    from .rewrite import _Rewriter
+
+    entry = plan.entry
+    if entry.row_level:
+        return "none (row level: no per-unit stage)"
+    keys = [k.sql for k in plan.bound.keys]
+    if keys and plan.bounding.k != 1:
+        return f"read from the table (per-unit projections need k = 1; k = {plan.bounding.k})"
+    if _Rewriter(plan, noise=True, selection=True, table=None).filters_keys_before_bounding():
+        return "read from the table (the key domain filters rows before bounding)"
+    where = plan.bound.where
+    if where is not None and {c.name for c in where.find_all(exp.Column)} - {entry.privacy_unit}:
+        return "read from the table (WHERE on a column other than the privacy unit)"
+    cli = " ".join([f"dpch catalog accelerate {entry.table}"] + [f"--group-by {shlex.quote(k)}" for k in keys])
+    return (f"one GROUP BY {entry.privacy_unit} pass; a per-unit projection can serve it: "
+            f"db.accelerate({entry.table!r}, {keys!r}) or `{cli}`")
 
 
 def _name(definition: str) -> str:

@@ -126,6 +126,7 @@ class Explanation:
     requested_epsilon: float
     requested_delta: float
     timings_ms: dict
+    per_unit_stage: str = ""  # how the per-unit stage runs; whether a per-unit projection can serve it
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -152,6 +153,8 @@ class Explanation:
         lines.append("aggregates:")
         for a in self.aggregates:
             lines.append(f"  {a['aggregate']}: {a['function']} from {', '.join(a['quantities'])}")
+        if self.per_unit_stage:
+            lines.append(f"per-unit stage: {self.per_unit_stage}")
         lines.append(f"total cost: ε={self.epsilon:.6g}, δ={self.delta:.3g} "
                      f"(requested ε={self.requested_epsilon:.6g}, δ={self.requested_delta:.3g})")
         lines.append(f"controller time: {sum(self.timings_ms.values()):.2f} ms")
@@ -164,6 +167,8 @@ class Explanation:
 
 
 def explain_prepared(prepared: Prepared) -> Explanation:
+    from .accelerate import projection_hint
+
     plan = prepared.plan
     quantities = []
     for q in plan.quantities:
@@ -210,7 +215,7 @@ def explain_prepared(prepared: Prepared) -> Explanation:
                                             "max_new_groups_per_unit": sel.new_groups},
         quantities=quantities, aggregates=aggregates, outputs=outputs,
         epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
-        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms))
+        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan))
 
 
 def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:

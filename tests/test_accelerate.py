@@ -141,3 +141,15 @@ def test_rejections(db):
         db.accelerate(f"{DB}.rej", [], columns=["note"])
     with pytest.raises(CatalogError, match="not in the privacy catalog"):
         db.accelerate(f"{DB}.nope", [])
+
+
+def test_explain_says_whether_a_projection_can_serve_the_query(adb):
+    hint = adb.explain(QUERIES[0], epsilon=1.0).per_unit_stage
+    assert "db.accelerate('t_accel.sales', ['region'])" in hint
+    assert "`dpch catalog accelerate t_accel.sales --group-by region`" in hint
+    where = adb.explain(f"SELECT region, COUNT(*) AS n FROM {DB}.sales WHERE amount > 1 GROUP BY region", epsilon=1.0)
+    assert "WHERE on a column other than the privacy unit" in where.per_unit_stage
+    assert "per-unit stage: read from the table" in str(where)
+    keys = adb.explain(f"SELECT region, COUNT(*) AS n FROM {DB}.sales GROUP BY region", epsilon=1.0,
+                       keys={"region": ["r1"]})
+    assert "filters rows before bounding" in keys.per_unit_stage
