@@ -10,6 +10,15 @@ Pr[VIOLATION | the mechanism is (ε, δ)-DP] ≤ α (union bound; dpch/audit/ana
 worst-case neighbour search draws separate pilot samples and does not enter this bound. This module
 runs about 30 audits of correct mechanisms, so the probability that any of them raises a false
 alarm is below 30 · 1e-8 = 3e-7 < 1e-6.
+
+Power checks (ε_LB large enough, broken fixtures flagged) carry no such guarantee. Their failure
+probability was estimated by simulating the audit's event selection (the same noise distributions,
+drawn in Python) and computing, for each selected event, the exact probability (two binomials) that
+its certificate misses the threshold. `P_search` is that probability for the threshold/interval
+search alone; ε_LB is the maximum over the three methods, so it bounds the failure probability of
+one audit from above. It is dominated by rare unlucky selections (a narrow tail interval that wins
+on the selection half by chance); where it is not below 1e-7, the check takes the best of k
+independent audits (`best_of`: all k fail with probability P_search^k). Stated at each check.
 """
 from __future__ import annotations
 
@@ -34,6 +43,17 @@ SRC = f"{DB}.purchases"
 N = 2000      # samples per side for the no-false-alarm audits
 PILOT = 100
 DELTA = 1e-5
+
+
+def best_of(k, run_audit, passes):
+    """Run up to k independent audits and return the first that passes (else the last). If one
+    audit fails with probability p, all k fail with probability p^k. Stopping early changes the
+    running time only, not which outcome the test reports."""
+    for _ in range(k):
+        r = run_audit()
+        if passes(r):
+            break
+    return r
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +100,34 @@ def test_grouped_sql_function_no_false_alarm(eng):
 
 
 def test_sql_laplace_count_has_power(eng):
-    """dp_count at ε = 1 on 4000 samples per side, confidence 0.95: the expected ε_LB is ≈ 0.92
-    (the power target of 0.9 at 20 000 samples is measured in bench/bench_audit.py)."""
-    r = audit(eng, f"SELECT dp_count(1.0) AS v FROM {SRC}", epsilon=1.0, samples=4000,
-              confidence=0.95, pilot=PILOT, database=DB)
+    """dp_count at ε = 1 on 4000 samples per side, confidence 0.95: the expected ε_LB is ≈ 0.88
+    (the power target of 0.9 at 20 000 samples is measured in bench/bench_audit.py).
+
+    Threshold 0.6: when the best event {x ≥ 200} is selected, ε_LB is ≈ 0.88 ± 0.04 (CP bounds
+    on 2000 held-out samples at α/6) and misses 0.6 with probability 6e-16. The selection on 2000
+    samples sometimes picks a narrow event instead ({x = 201}: ε_LB misses 0.6 with probability
+    0.21), so P_search is ≈ 9e-4 (40 000 simulated selections); best of 3 audits: below
+    (9e-4)^3 < 1e-9. A lower threshold alone would not help (P_search is still 1e-4 at 0.3)."""
+    r = best_of(3, lambda: audit(eng, f"SELECT dp_count(1.0) AS v FROM {SRC}", epsilon=1.0,
+                                 samples=4000, confidence=0.95, pilot=PILOT, database=DB),
+                lambda r: r.epsilon_lb >= 0.6)
     # Only the power side: an upper check at confidence 0.95 could fail for a correct mechanism
     # with probability up to 5% (no-false-alarm checks run at confidence 1 - 1e-8).
-    assert r.epsilon_lb >= 0.6, r.text()  # ≈ 5.5 spreads (≈ 0.058 each) below the expected 0.92
+    assert r.epsilon_lb >= 0.6, r.text()
 
 
 # The half-sensitivity fixture violates only for an added row whose amount exceeds 250, so its
 # row is given (a searched candidate with a typical amount would be a correct 0.8-DP neighbour);
 # the one-sided clip is left to the worst-case search, which must find the row far below.
+# Failure probabilities (2000 held-out samples, α = 1e-8):
+# - scale_is_epsilon: true ε = 2 vs claimed 0.5: P_search < 1e-140 (20 000 simulated selections);
+# - half_sensitivity: true ε = 2 vs claimed 1, expected ε_LB ≈ 1.45: typically < 1e-12 per audit
+#   (150 simulated audits), but P_search ≈ 4e-5 (20 000 simulated selections; rare narrow
+#   intervals), so best of 2 audits: < 2e-9;
+# - one_sided_clip: the far-below row moves the sum by ≈ 4.8e5 = 960 noise scales: outputs on D
+#   and D′ never overlap, the pilot separates it perfectly (ε_LB 2.6 on 50 + 50 samples, the maximum;
+#   ties go to the largest shift) and the audit certifies ≈ 4.6 > 1 unless an event of
+#   probability < e^-900 happens.
 HALF_SENS_ROW = {"user_id": 999, "region": "north", "age": 30, "amount": 500.0}
 
 
@@ -102,8 +138,9 @@ HALF_SENS_ROW = {"user_id": 999, "region": "north", "age": 30, "amount": 500.0}
 ], ids=["scale_is_epsilon", "half_sensitivity", "one_sided_clip"])
 def test_broken_sql_fixtures_are_violations(eng, template, eps, neighbour, record, expect_far_below):
     sql = template.format(eps=eps, table=SRC)
-    r = audit(eng, sql, epsilon=eps, neighbour=neighbour, record=record, samples=4000,
-              confidence=CONF, pilot=PILOT, database=DB)
+    r = best_of(2, lambda: audit(eng, sql, epsilon=eps, neighbour=neighbour, record=record,
+                                 samples=4000, confidence=CONF, pilot=PILOT, database=DB),
+                lambda r: r.verdict == "VIOLATION")
     assert r.verdict == "VIOLATION", r.text()
     if expect_far_below:
         assert "far below" in r.neighbour
@@ -316,6 +353,8 @@ def test_cli(tmp_path):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verdict: consistent" in ok.stdout
     assert (tmp_path / "rep" / "report.json").exists() and (tmp_path / "rep" / "histograms.png").exists()
+    # scale 0.5 on a count: true ε = 2 vs claimed 0.5 on 1000 held-out samples; missing it:
+    # P_search < 1e-50 (20 000 simulated selections)
     bad = subprocess.run(base + ["SELECT dpch_laplace_int(toInt64(count()), 0.5) AS n FROM t",
                                  "--epsilon", "0.5", "--neighbour", "add-row", "--record", "x=3"],
                          capture_output=True, text=True, env=env, timeout=300)
