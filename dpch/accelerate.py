@@ -148,7 +148,8 @@ def accelerate(conn, table: str, group_by=(), columns=None, *, materialize: bool
     columns = tuple(str(c) for c in columns)
     missing = [c for c in columns if c not in entry.bounds]
     if missing:
-        raise CatalogError(f"columns without bounds cannot be summed: {', '.join(missing)}; declare bounds first")
+        raise CatalogError(f"columns without bounds (or not registered) cannot be summed: {', '.join(missing)}; "
+                           f"bounded columns of {qualified}: {', '.join(sorted(entry.bounds)) or '(none)'}")
     definition = _definition(conn, qualified, group_by, columns)
     name = _name(definition)
     target = f"{quote_ident(entry.database)}.{quote_ident(entry.name)}"
