@@ -13,6 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def _cached_hash(obj, fields: tuple) -> int:
+    """Hash of an immutable cost, computed once per object: the accountants' lru caches hash every
+    recorded cost on every charge (same value as hashing the fields each time)."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(fields)
+        object.__setattr__(obj, "_hash", h)
+    return h
+
+
 @dataclass(frozen=True)
 class MechanismCost:
     """One noisy release. `kind` is "laplace" (scale = b) or "gaussian" (scale = σ), or
@@ -30,12 +40,19 @@ class MechanismCost:
     # no a posteriori refund is possible. Only read by `Ledger.settle`.
     odp_epsilons: tuple[float, ...] = ()
 
+    def __hash__(self) -> int:
+        return _cached_hash(self, (self.kind, self.sensitivity, self.scale, self.epsilon, self.delta, self.rho,
+                                   self.label, self.odp_epsilons))
+
 
 @dataclass(frozen=True)
 class PrivacyCost:
     """The cost of one query: its mechanisms, composed by the accountant of the budget."""
 
     mechanisms: tuple[MechanismCost, ...] = field(default_factory=tuple)
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, self.mechanisms)
 
     @property
     def epsilon(self) -> float:

@@ -841,6 +841,9 @@ class Ledger:
             raise InvalidParameter("query must be the query text")
         self._check_odp_declaration(cost)
         cost_json = cost_to_json_checked(cost)
+        # the canonical (cached) object for this cost: the one later charges read back from the
+        # table, so the accountants' caches find it by identity
+        cost = cost_from_json(cost_json)
         qhash = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()
         summary = summarize(cost)
         eps, dlt, rho = _cost_numbers(cost)
