@@ -57,6 +57,8 @@ def controller_times(db, reps: int) -> dict:
 
 
 def build_data(db, rows: int, units: int) -> None:
+    groups = [f"g{i:02d}" for i in range(100)]
+    keys = {"g": groups, "gs": groups}
     db.command("CREATE DATABASE IF NOT EXISTS bench")
     db.command("DROP TABLE IF EXISTS bench.events")
     db.command("CREATE TABLE bench.events (user_id UInt64, g LowCardinality(String), gs String, cat String, "
@@ -71,14 +73,14 @@ def build_data(db, rows: int, units: int) -> None:
     db.command("OPTIMIZE TABLE bench.events FINAL")
     db.catalog.register("bench.events", privacy_unit="user_id", bounds={"amount": (0, 500), "age": (18, 100)},
                         max_groups_contributed=1, max_rows_per_unit=per,
-                        public_keys={"g": [f"g{i:02d}" for i in range(100)], "gs": [f"g{i:02d}" for i in range(100)]})
+                        public_keys=keys)
     db.ledger.set_budget(db.analyst, "bench.events", epsilon=1e9, delta=0.5)
     # the same rows under row-level privacy (no per-unit stage): isolates the cost of user-level bounding
     db.command("DROP TABLE IF EXISTS bench.events_rows")
     db.command("CREATE TABLE bench.events_rows AS bench.events")
     db.command("INSERT INTO bench.events_rows SELECT * FROM bench.events")
     db.catalog.register("bench.events_rows", bounds={"amount": (0, 500), "age": (18, 100)},
-                        public_keys={"g": [f"g{i:02d}" for i in range(100)], "gs": [f"g{i:02d}" for i in range(100)]})
+                        public_keys=keys)
     db.ledger.set_budget(db.analyst, "bench.events_rows", epsilon=1e9, delta=0.5)
     # the same rows, user level, with per-unit projections (dpch.accelerate); a copy because
     # ClickHouse would otherwise use the projections for bench.events too
@@ -88,7 +90,7 @@ def build_data(db, rows: int, units: int) -> None:
     entry = db.catalog.get("bench.events")
     db.catalog.register("bench.events_accel", privacy_unit="user_id", bounds=dict(entry.bounds),
                         max_groups_contributed=1, max_rows_per_unit=per,
-                        public_keys={"g": [f"g{i:02d}" for i in range(100)], "gs": [f"g{i:02d}" for i in range(100)]})
+                        public_keys=keys)
     db.ledger.set_budget(db.analyst, "bench.events_accel", epsilon=1e9, delta=0.5)
     for key in ("g", "gs"):
         db.accelerate("bench.events_accel", [key], ["amount"])

@@ -143,6 +143,16 @@ def ensure_table(db, wl: Workload, log=print) -> bool:
     return True
 
 
+def ensure_copy(db, wl: Workload, copy: str) -> None:
+    """A copy of `wl.table` named `copy` (made once; remade if its row count differs)."""
+    if _exists(db, copy):
+        if int(db.raw_query(f"SELECT count() AS n FROM {copy}")["n"][0]) == wl.rows:
+            return
+        db.command(f"DROP TABLE {copy}")
+    db.command(f"CREATE TABLE {copy} AS {wl.table}")
+    db.command(f"INSERT INTO {copy} SELECT * FROM {wl.table}")
+
+
 def ensure_parquet(db, wl: Workload, parquet_dir: Path = PARQUET_DIR, regenerated: bool = False,
                    log=print) -> Path:
     """Export the table to Parquet (once) for the peers, which run outside ClickHouse."""

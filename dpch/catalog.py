@@ -139,6 +139,11 @@ class TableEntry:
         return self.table.split(".", 1)[1]
 
     @property
+    def table_sql(self) -> str:
+        """The table as quoted SQL: database and name each quoted with ``quote_ident``."""
+        return f"{quote_ident(self.database)}.{quote_ident(self.name)}"
+
+    @property
     def row_level(self) -> bool:
         return self.privacy_unit is None
 

@@ -64,7 +64,7 @@ class _Rewriter:
         self.noise = noise
         self.selection = selection
         e = plan.entry
-        self.table_sql = table or f"{quote_ident(e.database)}.{quote_ident(e.name)}"
+        self.table_sql = table or e.table_sql
         self.keys = list(plan.bound.keys)
         self.nk = len(self.keys)
         self.row_qs = [q for q in plan.quantities if q.row_sql is not None]

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 
 import fixtures_broken as fx
+from audit_retry import best_of
 from dpch.audit import audit
 from dpch.audit.neighbours import AuditTables
 from dpch.audit.sampling import draw_sql, replace_tables
@@ -43,17 +44,6 @@ SRC = f"{DB}.purchases"
 N = 2000      # samples per side for the no-false-alarm audits
 PILOT = 100
 DELTA = 1e-5
-
-
-def best_of(k, run_audit, passes):
-    """Run up to k independent audits and return the first that passes (else the last). If one
-    audit fails with probability p, all k fail with probability p^k. Stopping early changes the
-    running time only, not which outcome the test reports."""
-    for _ in range(k):
-        r = run_audit()
-        if passes(r):
-            break
-    return r
 
 
 @pytest.fixture(scope="module")

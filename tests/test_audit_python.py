@@ -32,20 +32,10 @@ import pytest
 
 from dpch.audit import audit, audit_samplers, audit_samples
 import fixtures_broken as fx
+from audit_retry import best_of
 
 ALPHA = 1e-8
 CONF = 1 - ALPHA
-
-
-def best_of(k, run_audit, passes):
-    """Run up to k independent audits and return the first that passes (else the last). If one
-    audit fails with probability p, all k fail with probability p^k. Stopping early changes the
-    running time only, not which outcome the test reports."""
-    for _ in range(k):
-        r = run_audit()
-        if passes(r):
-            break
-    return r
 
 
 @pytest.fixture(scope="module")

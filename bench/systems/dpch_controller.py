@@ -38,13 +38,11 @@ class DpchController(System):
 
     def __init__(self, db, wl, queries):
         self.db, self.wl, self.queries = db, wl, queries
-        from workloads import AMOUNT_BOUNDS, ITEMS, MAX_GROUPS_PER_UNIT, MAX_ROWS_PER_UNIT, REGIONS
+        from workloads import AMOUNT_BOUNDS, ITEMS, MAX_ROWS_PER_UNIT, REGIONS
 
         keys = {"region": list(range(REGIONS)), "item": list(range(ITEMS))}
         cat = db.catalog
-        cat.register(wl.table, privacy_unit="user_id", bounds={"amount": AMOUNT_BOUNDS},
-                     max_groups_contributed=MAX_GROUPS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
-                     public_keys=keys)
+        _register_user_level(db, wl.table)
         cat.register(wl.row_view, privacy_unit=None, bounds={"amount": AMOUNT_BOUNDS}, public_keys=keys)
         cat.register(wl.rows10_view, privacy_unit="user_id", bounds={"amount": AMOUNT_BOUNDS},
                      max_groups_contributed=MAX_ROWS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
@@ -52,12 +50,15 @@ class DpchController(System):
         for table in (wl.table, wl.row_view, wl.rows10_view):
             _set_budget(db, table)
 
-    def sql(self, qid: str) -> str:
+    def table(self, qid: str) -> str:
         q = self.queries[qid]
         if q.level == "row":
-            table = self.wl.row_view
-        else:
-            table = self.wl.rows10_view if q.max_groups > 1 else self.wl.table
+            return self.wl.row_view
+        return self.wl.rows10_view if q.max_groups > 1 else self.wl.table
+
+    def sql(self, qid: str) -> str:
+        q = self.queries[qid]
+        table = self.table(qid)
         if q.group is None:
             return f"SELECT AVG(amount) AS avg FROM {table}"
         return (f"SELECT {q.group} AS key, COUNT(*) AS count, SUM(amount) AS sum FROM {table} "
@@ -131,29 +132,28 @@ class DpchAccelerated(DpchController):
     def __init__(self, db, wl, queries):
         import time
 
-        from workloads import AMOUNT_BOUNDS, MAX_GROUPS_PER_UNIT, MAX_ROWS_PER_UNIT, REGIONS
+        from workloads import ensure_copy
 
         self.db, self.wl, self.queries = db, wl, queries
-        self.table = f"{wl.table}_accel"
+        self.accel_table = f"{wl.table}_accel"
         t0 = time.perf_counter()
-        n = db.raw_query(f"SELECT count() AS n FROM system.tables WHERE database = '{self.table.split('.')[0]}' "
-                         f"AND name = '{self.table.split('.')[1]}'")["n"][0]
-        if int(n) and int(db.raw_query(f"SELECT count() AS n FROM {self.table}")["n"][0]) != wl.rows:
-            db.command(f"DROP TABLE {self.table}")
-            n = 0
-        if not int(n):
-            db.command(f"CREATE TABLE {self.table} AS {wl.table}")
-            db.command(f"INSERT INTO {self.table} SELECT * FROM {wl.table}")
-        db.catalog.register(self.table, privacy_unit="user_id", bounds={"amount": AMOUNT_BOUNDS},
-                            max_groups_contributed=MAX_GROUPS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
-                            public_keys={"region": list(range(REGIONS))})
-        _set_budget(db, self.table)
-        db.accelerate(self.table, ["region"], ["amount"])
+        ensure_copy(db, wl, self.accel_table)
+        _register_user_level(db, self.accel_table)
+        _set_budget(db, self.accel_table)
+        db.accelerate(self.accel_table, ["region"], ["amount"])
         # one part, so the projection holds one state row per unit (after a bulk load ClickHouse
         # merges parts in the background; this does it now, as a DBA would after loading)
-        db.command(f"OPTIMIZE TABLE {self.table} FINAL")
+        db.command(f"OPTIMIZE TABLE {self.accel_table} FINAL")
         self.setup_s = time.perf_counter() - t0
 
-    def sql(self, qid: str) -> str:
-        return (f"SELECT region AS key, COUNT(*) AS count, SUM(amount) AS sum FROM {self.table} "
-                "GROUP BY region")
+    def table(self, qid: str) -> str:
+        return self.accel_table
+
+
+def _register_user_level(db, table: str) -> None:
+    """Query (b)'s catalog entry: privacy unit user_id, ≤1 group and ≤10 rows per unit."""
+    from workloads import AMOUNT_BOUNDS, ITEMS, MAX_GROUPS_PER_UNIT, MAX_ROWS_PER_UNIT, REGIONS
+
+    db.catalog.register(table, privacy_unit="user_id", bounds={"amount": AMOUNT_BOUNDS},
+                        max_groups_contributed=MAX_GROUPS_PER_UNIT, max_rows_per_unit=MAX_ROWS_PER_UNIT,
+                        public_keys={"region": list(range(REGIONS)), "item": list(range(ITEMS))})
