@@ -3,7 +3,7 @@
 An accountant is a stateless object. Given a `Budget`, the sequence of already accepted query costs
 and the cost of a new query, `decide` answers "accept" or "reject" and reports what is spent and
 what remains in the accountant's own currency (ε, δ, ρ, number of queries). The ledger
-(`dpch/ledger.py`) calls it inside the transaction that records the charge, so the decision and the
+(`dpch/ledger/core.py`) calls it inside the transaction that records the charge, so the decision and the
 charge are one atomic step.
 
 Every accountant here is a *privacy filter* in the sense of Rogers, Roth, Ullman & Vadhan 2016

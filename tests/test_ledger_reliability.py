@@ -272,7 +272,7 @@ def test_wrong_schema_version_is_refused(tmp_path):
     path = tmp_path / "ledger.sqlite"
     _make_ledger(path, 3)
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     conn.commit()
     conn.close()
     _assert_refused(path, "schema version")
@@ -337,7 +337,8 @@ def test_history_over_budget_is_refused(tmp_path):
     with Ledger(path) as led:
         led.set_budget("alice", "purchases", 1.0)
         led.charge("alice", "purchases", lap(1.0), "q")
-    from dpch.ledger import _budget_values, _checksum
+    from dpch.ledger.records import row_checksum as _checksum
+    from dpch.ledger.sqlite_txn import _budget_values
     conn = sqlite3.connect(path)
     row = conn.execute("SELECT * FROM budgets").fetchone()
     vals = list(row[:-1])

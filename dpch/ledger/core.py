@@ -1,0 +1,344 @@
+"""`Ledger`: check-and-charge, marks, settlements, budgets and resets over a `LedgerStore`
+(semantics in the package docstring, `dpch/ledger/__init__.py`, and docs/LEDGER.md)."""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from ..accounting import ACCOUNTANTS, SETTLED_KIND, Budget, CostNotSupported, Decision, _fmt, dp_params, get_accountant, make_budget
+from ..cost import MechanismCost, PrivacyCost
+from ..errors import BudgetExceeded, InvalidParameter, LedgerError, QueryRejected
+from .records import (BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, budget_dict, check_name, check_totals,
+                      cost_from_json, cost_numbers, cost_to_json, cost_to_json_checked, default_ledger_path,
+                      no_budget_message, spent_dict, summarize, totals)
+from .sqlite_store import SQLiteLedgerStore
+from .store import LedgerStore, LedgerTxn
+
+
+@dataclass
+class _ChargeResult:
+    receipt: Receipt | None = None
+    error: Exception | None = None
+
+
+class Ledger:
+    """The privacy-budget ledger of one deployment (see the module docstring)."""
+
+    def __init__(self, path: str | Path | None = None, *, create: bool = True, store: LedgerStore | None = None):
+        if store is None:
+            store = SQLiteLedgerStore(default_ledger_path() if path is None else path, create=create)
+        self.path = getattr(store, "path", None) or (Path(path) if path is not None else None)
+        self.store = store
+        try:
+            self.verify()
+        except BaseException:
+            store.close()
+            raise
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def backup(self, dest: str | Path) -> None:
+        """Write a consistent copy of the whole ledger to `dest` (which must not exist), through the
+        store's own means (SQLite's online backup API). Safe while other handles and processes
+        charge: the copy is one committed state."""
+        self.store.backup(str(dest))
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def verify(self) -> None:
+        """Full check: storage integrity, running totals, and every budget's recorded history
+        within what its accountant allows. Raises LedgerError."""
+        self.store.verify()
+
+        def check(txn: LedgerTxn) -> None:
+            for b in txn.list_budgets():
+                rows = txn.charges(b.analyst, b.dataset, b.generation)
+                self._check_history(b, rows)
+        self.store.read(check)
+
+    def _check_history(self, b: BudgetRow, rows: Sequence[ChargeRecord]) -> None:
+        if b.accountant not in ACCOUNTANTS:
+            raise LedgerError(f"ledger {self.path}: budget of analyst {b.analyst!r} on dataset {b.dataset!r} names an "
+                              f"unknown accountant {b.accountant!r}")
+        budget = b.budget()
+        problem = get_accountant(b.accountant).check_history(budget, [r.effective_cost() for r in rows])
+        if problem is not None:
+            raise LedgerError(f"ledger {self.path} is inconsistent: the recorded charges of analyst {b.analyst!r} on "
+                              f"dataset {b.dataset!r} break the budget ({problem}); refusing to answer queries")
+
+    # -- budgets ----------------------------------------------------------------------------
+    def set_budget(self, analyst: str, dataset: str, epsilon: float, delta: float = 0.0, accountant: str = "basic",
+                   **params) -> Budget:
+        """Set (or change) the budget of (analyst, dataset). Changing an existing budget is allowed
+        only if the charges already recorded fit the new budget under the new accountant."""
+        analyst = check_name(analyst, "analyst")
+        dataset = check_name(dataset, "dataset")
+        budget = make_budget(epsilon, delta, accountant, analyst=analyst, dataset=dataset, **params)
+        acc = get_accountant(budget.accountant)
+
+        def fn(txn: LedgerTxn) -> Budget:
+            now = time.time()
+            old = txn.get_budget(analyst, dataset)
+            if old is None:
+                row = BudgetRow(analyst, dataset, budget.epsilon, budget.delta, budget.accountant, budget.params(), 0,
+                                0.0, 0.0, 0.0, 0, now, now)
+                detail = {"budget": budget_dict(budget)}
+            else:
+                rows = txn.charges(analyst, dataset, old.generation)
+                check_totals(self.path, old, rows)
+                problem = acc.check_history(budget, [r.effective_cost() for r in rows])
+                if problem is not None:
+                    raise InvalidParameter(f"the {len(rows)} charges already recorded for analyst {analyst!r} on dataset "
+                                           f"{dataset!r} do not fit the new budget ({problem}); a reset is needed first")
+                row = replace(old, epsilon=budget.epsilon, delta=budget.delta, accountant=budget.accountant,
+                              params=budget.params(), updated_at=now)
+                detail = {"budget": budget_dict(budget), "previous": budget_dict(old.budget())}
+            txn.put_budget(row)
+            txn.add_event("budget_set", analyst, dataset, None, detail)
+            return budget
+        return self.store.transaction(fn)
+
+    def get_budget(self, analyst: str, dataset: str) -> Budget:
+        row = self.store.read(lambda txn: txn.get_budget(analyst, dataset))
+        if row is None:
+            raise LedgerError(no_budget_message(analyst, dataset))
+        return row.budget()
+
+    def remaining(self, analyst: str, dataset: str) -> BudgetStatus:
+        def fn(txn: LedgerTxn) -> BudgetStatus:
+            row = txn.get_budget(analyst, dataset)
+            if row is None:
+                raise LedgerError(no_budget_message(analyst, dataset))
+            rows = txn.charges(analyst, dataset, row.generation)
+            check_totals(self.path, row, rows)
+            return self._status(row, rows)
+        return self.store.read(fn)
+
+    def budgets(self) -> list[BudgetStatus]:
+        def fn(txn: LedgerTxn) -> list[BudgetStatus]:
+            out = []
+            for row in txn.list_budgets():
+                out.append(self._status(row, txn.charges(row.analyst, row.dataset, row.generation)))
+            return out
+        return self.store.read(fn)
+
+    def _status(self, row: BudgetRow, rows: Sequence[ChargeRecord]) -> BudgetStatus:
+        budget = row.budget()
+        acc = get_accountant(row.accountant)
+        try:
+            spent = acc.spent(budget, [r.effective_cost() for r in rows])
+        except CostNotSupported as exc:
+            raise LedgerError(f"ledger {self.path} is inconsistent: {exc.args[0]}") from None
+        return BudgetStatus(row.analyst, row.dataset, budget, spent, acc.remaining(budget, spent), len(rows), row.generation)
+
+    # -- charging ---------------------------------------------------------------------------
+    def charge(self, analyst: str, dataset: str, cost: PrivacyCost, query: str) -> Receipt:
+        """Atomic check-and-charge. Returns a Receipt once the charge is durable; raises
+        BudgetExceeded (over budget, or no budget set) or QueryRejected (the accountant's theorem
+        does not cover the query's mechanisms). A refused query is not charged; the refusal is
+        recorded in the event log."""
+        analyst = check_name(analyst, "analyst")
+        dataset = check_name(dataset, "dataset")
+        if not isinstance(cost, PrivacyCost) or not all(isinstance(m, MechanismCost) for m in cost.mechanisms):
+            raise InvalidParameter("cost must be a PrivacyCost of MechanismCost")
+        if not isinstance(query, str):
+            raise InvalidParameter("query must be the query text")
+        self._check_odp_declaration(cost)
+        cost_json = cost_to_json_checked(cost)
+        # the canonical (cached) object for this cost: the one later charges read back from the
+        # table, so the accountants' caches find it by identity
+        cost = cost_from_json(cost_json)
+        qhash = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()
+        summary = summarize(cost)
+        eps, dlt, rho = cost_numbers(cost)
+
+        def fn(txn: LedgerTxn) -> _ChargeResult:
+            row = txn.get_budget(analyst, dataset)
+            if row is None:
+                txn.add_event("rejected", analyst, dataset, None,
+                              {"reason": "no budget set", "query_hash": qhash, "needs": {"epsilon": eps, "delta": dlt}})
+                return _ChargeResult(error=BudgetExceeded(no_budget_message(analyst, dataset)))
+            rows = txn.charges(analyst, dataset, row.generation)
+            check_totals(self.path, row, rows)
+            budget = row.budget()
+            acc = get_accountant(row.accountant)
+            try:
+                decision = acc.decide(budget, [r.effective_cost() for r in rows], cost)
+            except CostNotSupported as exc:
+                raise LedgerError(f"ledger {self.path} is inconsistent: a recorded charge is not covered by the "
+                                  f"{row.accountant} accountant ({exc.args[0]})") from None
+            if not decision.ok:
+                txn.add_event("rejected", analyst, dataset, None, {
+                    "reason": decision.reason, "query_hash": qhash, "accountant": row.accountant,
+                    "needs": spent_dict(decision.needs), "remaining": spent_dict(decision.remaining)})
+                return _ChargeResult(error=self._rejection(row, decision))
+            now = time.time()
+            rec = ChargeRecord(id=0, analyst=analyst, dataset=dataset, generation=row.generation,
+                               accountant=row.accountant, summary=summary, epsilon=eps, delta=dlt, rho=rho,
+                               effective_epsilon=eps, effective_delta=dlt, effective_rho=rho, query_hash=qhash,
+                               query_text=query, outcome="reserved", created_at=now, updated_at=now,
+                               cost_json=cost_json, realized_json=None)
+            cid = txn.insert_charge(rec)
+            s_eps, s_dlt, s_rho, n = totals([*rows, rec])
+            txn.put_budget(replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n,
+                                   updated_at=now))
+            txn.add_event("charge", analyst, dataset, cid, {
+                "accountant": row.accountant, "epsilon": eps, "delta": dlt, "rho": rho, "query_hash": qhash,
+                "spent_after": spent_dict(decision.spent_after), "remaining": spent_dict(decision.remaining),
+                "total_epsilon": s_eps, "total_delta": s_dlt, "n_charges": n})
+            return _ChargeResult(receipt=Receipt(cid, analyst, dataset, row.accountant, cost, qhash, now,
+                                                 decision.spent_after, decision.remaining))
+
+        result = self.store.transaction(fn)
+        if result.error is not None:
+            raise result.error
+        assert result.receipt is not None
+        return result.receipt
+
+    @staticmethod
+    def _check_odp_declaration(cost: PrivacyCost) -> None:
+        for m in cost.mechanisms:
+            for e in m.odp_epsilons:
+                if not isinstance(e, (int, float)) or not math.isfinite(e) or e < 0 or e > m.epsilon * (1 + 1e-12):
+                    raise InvalidParameter(f"mechanism {m.label or m.kind!r}: ODP partition values must lie in "
+                                           f"[0, ε = {_fmt(m.epsilon)}] (odp_privacy_accounting.md Lemma 4)")
+
+    def _rejection(self, row: BudgetRow, d: Decision) -> Exception:
+        who = f"analyst {row.analyst!r} on dataset {row.dataset!r}"
+        if d.needs is None:
+            return QueryRejected(f"the ledger refused the query for {who}: {d.reason}. Nothing ran and nothing was charged")
+        return BudgetExceeded(
+            f"privacy budget exceeded for {who} (accountant {row.accountant}): {d.reason}. "
+            f"The query needs {d.needs.describe()}; remaining: {d.remaining.describe()}. "
+            f"Nothing ran and nothing was charged")
+
+    def mark(self, receipt: Receipt, outcome: str) -> None:
+        """Record how the execution ended: "executed" or "failed". Either way the charge stays
+        (fail closed: a failed execution may still have touched or released data)."""
+        if outcome not in ("executed", "failed"):
+            raise InvalidParameter(f"outcome must be 'executed' or 'failed' (got {outcome!r})")
+
+        def fn(txn: LedgerTxn) -> None:
+            rec = self._charge_for(txn, receipt)
+            if rec.outcome == outcome:
+                return
+            if rec.outcome != "reserved" and not (rec.outcome == "settled" and outcome == "executed"):
+                raise InvalidParameter(f"charge #{rec.id} is {rec.outcome}; it cannot become {outcome}")
+            if rec.outcome == "settled":
+                return  # settled implies executed
+            txn.update_charge(replace(rec, outcome=outcome, updated_at=time.time()))
+            txn.add_event("mark", rec.analyst, rec.dataset, rec.id, {"outcome": outcome, "charge_kept": True})
+        self.store.transaction(fn)
+
+    def _charge_for(self, txn: LedgerTxn, receipt: Receipt) -> ChargeRecord:
+        rec = txn.get_charge(receipt.id)
+        if rec is None or rec.analyst != receipt.analyst or rec.dataset != receipt.dataset or rec.query_hash != receipt.query_hash:
+            raise LedgerError(f"ledger {self.path} has no charge matching receipt #{receipt.id}")
+        return rec
+
+    def settle(self, receipt: Receipt, realized: PrivacyCost) -> None:
+        """A posteriori settlement, odp_privacy_accounting.md Alg. 1 (ODPComposition) and Thm 7.
+
+        Before running, each mechanism declared (P, E, δ) (Def. 2) through its ε (= sup E, checked
+        against the remaining budget, Alg. 1 line 9) and `odp_epsilons` (the values E(P_k)). After it
+        ran, `realized` gives for each mechanism, in the same order, the ε of the cell its output fell
+        in: the ledger replaces the reserved ε by it (line 14). Rules enforced:
+        - only under simple composition (accountants `basic` and `pure`): Thm 7 is proved for the
+          linear filter Σε ≤ ε_t, Σδ ≤ δ_t (Appendix A: Alg. 1 as an ODP filter);
+        - each realized ε must be one of the declared E(P_k) or the full reserved ε (trivial
+          partition, Lemma 3); nothing else is refunded;
+        - δ is never refunded (line 15 subtracts the declared δ_i whatever the output);
+        - a charge settles once, and not after a failed execution (the output is unknown).
+        Settling after later charges were made is conservative: those charges were checked against
+        a smaller remaining budget than Alg. 1 would have used.
+        """
+        if not isinstance(realized, PrivacyCost):
+            raise InvalidParameter("realized must be a PrivacyCost")
+
+        def fn(txn: LedgerTxn) -> None:
+            rec = self._charge_for(txn, receipt)
+            row = txn.get_budget(rec.analyst, rec.dataset)
+            if row is None or row.generation != rec.generation:
+                raise InvalidParameter(f"charge #{rec.id} belongs to a budget that was reset; nothing to settle")
+            for name in {rec.accountant, row.accountant}:
+                if not get_accountant(name).supports_settlement:
+                    raise InvalidParameter(
+                        f"a posteriori settlement is defined for simple composition only (ODP paper Thm 7); the "
+                        f"{name} accountant does not allow it")
+            if rec.outcome not in ("reserved", "executed"):
+                raise InvalidParameter(f"charge #{rec.id} is {rec.outcome}; only a reserved or executed charge settles")
+            reserved = rec.cost
+            if len(realized.mechanisms) != len(reserved.mechanisms):
+                raise InvalidParameter("the realized cost must list the same mechanisms as the reserved one")
+            effective = []
+            for m, r in zip(reserved.mechanisms, realized.mechanisms):
+                if r.kind not in (m.kind, SETTLED_KIND) or r.label != m.label:
+                    raise InvalidParameter(f"realized mechanism {r.label or r.kind!r} does not match reserved "
+                                           f"{m.label or m.kind!r}")
+                full_eps, full_delta = dp_params(m)
+                allowed = {full_eps, *m.odp_epsilons}
+                if not any(abs(r.epsilon - a) <= 1e-12 * max(1.0, a) for a in allowed):
+                    raise InvalidParameter(
+                        f"realized ε = {_fmt(r.epsilon)} of {m.label or m.kind!r} is not one of the ODP partition values "
+                        f"declared before it ran ({', '.join(_fmt(a) for a in sorted(allowed))})")
+                eps = min(full_eps, max(a for a in allowed if abs(r.epsilon - a) <= 1e-12 * max(1.0, a)))
+                effective.append(MechanismCost(kind=SETTLED_KIND, sensitivity=0.0, scale=0.0, epsilon=eps,
+                                               delta=full_delta, rho=None, label=m.label))
+            eff = PrivacyCost(tuple(effective))
+            e_eps, e_dlt, _ = cost_numbers(eff)
+            now = time.time()
+            new = replace(rec, outcome="settled", realized_json=cost_to_json(eff), effective_epsilon=e_eps,
+                          effective_delta=e_dlt, effective_rho=None, updated_at=now)
+            txn.update_charge(new)
+            rows = [new if c.id == rec.id else c for c in txn.charges(rec.analyst, rec.dataset, rec.generation)]
+            s_eps, s_dlt, s_rho, n = totals(rows)
+            txn.put_budget(replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n, updated_at=now))
+            txn.add_event("settle", rec.analyst, rec.dataset, rec.id, {
+                "reserved_epsilon": rec.epsilon, "realized_epsilon": e_eps, "refund_epsilon": rec.epsilon - e_eps,
+                "delta_kept": e_dlt, "rule": "odp_privacy_accounting.md Alg. 1 line 14"})
+        self.store.transaction(fn)
+
+    # -- administration ---------------------------------------------------------------------
+    def reset(self, analyst: str, dataset: str, *, confirm: bool = False) -> None:
+        """Start a new generation of the budget: the spent amount goes back to zero. The old charges
+        stay in the history. Refused unless confirm=True; both the refusal and the reset are recorded."""
+        analyst = check_name(analyst, "analyst")
+        dataset = check_name(dataset, "dataset")
+        if confirm is not True:
+            self.store.transaction(lambda txn: txn.add_event("reset_refused", analyst, dataset, None,
+                                                             {"reason": "confirm=True not given"}))
+            raise InvalidParameter("reset forgets the privacy already spent; it needs an explicit confirmation "
+                                   "(confirm=True, or --yes-i-know on the command line)")
+
+        def fn(txn: LedgerTxn) -> None:
+            row = txn.get_budget(analyst, dataset)
+            if row is None:
+                raise LedgerError(no_budget_message(analyst, dataset))
+            rows = txn.charges(analyst, dataset, row.generation)
+            check_totals(self.path, row, rows)
+            now = time.time()
+            txn.put_budget(replace(row, generation=row.generation + 1, spent_epsilon=0.0, spent_delta=0.0, spent_rho=0.0,
+                                   n_charges=0, updated_at=now))
+            txn.add_event("budget_reset", analyst, dataset, None, {
+                "confirm": True, "previous_generation": row.generation, "charges_forgotten": len(rows),
+                "spent_epsilon_forgotten": row.spent_epsilon, "spent_delta_forgotten": row.spent_delta})
+        self.store.transaction(fn)
+
+    # -- reading ----------------------------------------------------------------------------
+    def history(self, analyst: str | None = None, dataset: str | None = None) -> list[ChargeRecord]:
+        return self.store.read(lambda txn: txn.charges(analyst, dataset))
+
+    def events(self, analyst: str | None = None, dataset: str | None = None, kind: str | None = None) -> list[Event]:
+        return self.store.read(lambda txn: txn.events(analyst, dataset, kind))
+
+
