@@ -1,12 +1,15 @@
 """The controller: analyst SQL in, differentially private DataFrame out.
 
-    parse ─► bind ─► plan ─► charge ─► rewrite ─► execute ─► post-process
-  dpch.parse  dpch.bind  dpch.plan  ledger  dpch.rewrite  dpch.execute  dpch.postprocess
+    parse ─► bind ─► total ─► plan ─► rewrite ─► type-check ─► charge ─► execute ─► post-process
+  dpch.parse  dpch.bind  dpch.totality  dpch.plan  dpch.rewrite  dpch.typecheck  ledger  dpch.execute
+  dpch.postprocess
 
 ``run_query(conn, sql, *, epsilon, delta=0, **options)`` and ``explain_query(...)`` are what
 ``Connection.query`` / ``Connection.explain`` call. Guarantees:
 
-- a query that is rejected (parse, bind or plan) runs nothing and charges nothing;
+- a query that is rejected (parse, bind, totality, plan, or the type check on one row of default
+  values) runs nothing on the data and charges nothing; a query that passes cannot fail on the data
+  for a value-dependent reason (every row-level function is total, dpch.totality);
 - the plan's full cost is charged to ``(conn.analyst, <database.table>)`` through
   ``conn.ledger.charge`` *before* the query runs (fail closed: a ledger error means no answer);
   the charge is then marked "executed" or "failed" (a failed execution stays charged);
@@ -31,7 +34,9 @@ from .execute import execute
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
-from .rewrite import Rewritten, rewrite
+from .rewrite import Rewritten, rewrite, rewrite_probe
+from .totality import make_total
+from .typecheck import check_runs, expression_types
 
 
 @dataclass
@@ -54,8 +59,9 @@ class Prepared:
 
 
 def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Prepared:
-    """parse → bind → plan → rewrite. Raises QueryRejected/InvalidParameter; touches no ledger and
-    runs nothing on the engine (the catalog is read, usually from its cache)."""
+    """parse → bind → total → plan → rewrite. Raises QueryRejected/InvalidParameter; touches no
+    ledger and reads no row: the engine is asked only for the catalog (usually cached) and for the
+    types of the query's expressions (a DESCRIBE, dpch.typecheck)."""
     t0 = time.perf_counter()
     opts = QueryOptions.from_kwargs(options)
     eps, dlt = check_budget_args(epsilon, delta)
@@ -67,8 +73,10 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Pre
     except CatalogError as exc:
         raise QueryRejected(str(exc)) from None
     bound = bind(parsed, entry)
+    bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
+    key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
     t2 = time.perf_counter()
-    plan = make_plan(bound, eps, dlt, opts)
+    plan = make_plan(bound, eps, dlt, opts, key_types=key_types)
     t3 = time.perf_counter()
     rewritten = rewrite(plan)
     t4 = time.perf_counter()
@@ -80,6 +88,8 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Pre
 def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> pd.DataFrame:
     """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring)."""
     prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, **options)
+    # on one row of default values, before the charge: a query that cannot run is rejected free
+    check_runs(conn.backend, prepared.plan.entry, prepared.plan.bound, rewrite_probe(prepared.plan).sql)
     try:
         ledger = conn.ledger
     except DPCHError:

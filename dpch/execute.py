@@ -9,11 +9,14 @@ query text (which holds the secret salt), and DPCH error messages never contain 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .errors import BackendError, DPCHError
-from .rewrite import Rewritten
+
+if TYPE_CHECKING:
+    from .rewrite import Rewritten
 
 _CODE_RE = re.compile(r"Code:\s*(\d+)")
 _NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]{3,})\)")

@@ -70,9 +70,10 @@
 from __future__ import annotations
 
 import functools
+import numbers
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from sqlglot import exp
 
@@ -154,7 +155,7 @@ class QueryOptions:
 def check_budget_args(epsilon: Any, delta: Any) -> tuple[float, float]:
     """ε must be finite > 0; δ finite in [0, 1)."""
     eps = cal.check_epsilon(epsilon)
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):  # numbers.Real: numpy scalars too
         raise InvalidParameter("delta must be a real number in [0, 1)")
     d = float(delta)
     if d == 0.0:
@@ -176,6 +177,7 @@ _BOOLEAN_FUNCS = {"equals", "notequals", "less", "greater", "lessorequals", "gre
                   "notilike", "match", "startswith", "endswith", "isnull", "isnotnull", "isfinite", "isinfinite",
                   "isnan"}
 _IDENTITY_CASTS = {"tofloat64", "tofloat32", "todecimal32", "todecimal64", "todecimal128"}
+_WIDE_INTS = {"Int64", "UInt64", "Int128", "UInt128", "Int256", "UInt256"}
 _INT_CASTS = {"toint8": "Int8", "toint16": "Int16", "toint32": "Int32", "toint64": "Int64", "touint8": "UInt8",
               "touint16": "UInt16", "touint32": "UInt32", "touint64": "UInt64"}
 
@@ -221,8 +223,10 @@ class _Bounder:
             lo, hi = self.column_bounds(n.name)
             col = quote_ident(n.name)
             typ = base_type(self.entry.columns.get(n.name, ""))
-            if is_integer_type(typ):
+            if is_integer_type(typ) and typ not in _WIDE_INTS:
                 return (lo, hi), f"least(greatest({col}, {_flit(lo)}), {_flit(hi)})"
+            if is_integer_type(typ):  # no common type of Int64/UInt64 and Float64: clip in Float64
+                return (lo, hi), f"least(greatest(toFloat64({col}), {_flit(lo)}), {_flit(hi)})"
             return (lo, hi), (f"if(isNaN(toFloat64({col})), {_flit(lo)}, "
                               f"least(greatest(toFloat64({col}), {_flit(lo)}), {_flit(hi)}))")
         if isinstance(n, exp.Literal):
@@ -269,8 +273,8 @@ class _Bounder:
             if b[0] <= 0.0 <= b[1]:
                 raise _reject(f"{self.agg_text}: integer division by a value whose bounds include 0")
             c = [a[0] / b[0], a[0] / b[1], a[1] / b[0], a[1] / b[1]]
-            return (math.floor(min(c)), math.ceil(max(c))), f"intDiv({sa}, {sb})"
-        if isinstance(n, exp.Mod) or (isinstance(n, exp.Anonymous) and func_name(n).lower() == "modulo"):
+            return (math.floor(min(c)), math.ceil(max(c))), f"intDivOrZero({sa}, {sb})"
+        if isinstance(n, exp.Mod) or (isinstance(n, exp.Anonymous) and func_name(n).lower() in ("modulo", "moduloorzero")):
             x, y = (n.this, n.expression) if isinstance(n, exp.Mod) else tuple(n.expressions[:2])
             a, sa = self.visit(x)
             b, sb = self.visit(y)
@@ -281,7 +285,7 @@ class _Bounder:
             m = max(abs(b[0]), abs(b[1]))
             lo = 0.0 if a[0] >= 0 else max(a[0], -m)
             hi = 0.0 if a[1] <= 0 else min(a[1], m)
-            return (lo, hi), f"({sa} % {sb})"
+            return (lo, hi), f"moduloOrZero({sa}, {sb})"
         if isinstance(n, exp.Abs):
             a, sa = self.visit(n.this)
             if a is None:
@@ -469,6 +473,22 @@ class _Bounder:
             if bt in _INT_RANGES:
                 return self._int_cast(iv, s, bt)
             raise _reject(f"{self.agg_text}: CAST to {tname} cannot be bounded; cast to a numeric type")
+        if isinstance(n, exp.Anonymous) and func_name(n).lower() == "accuratecastornull":
+            # the total conversion of dpch.totality: NULL when the value does not convert
+            target = n.expressions[1] if len(n.expressions) > 1 else None
+            if not (isinstance(target, exp.Literal) and target.is_string):
+                raise _reject(f"{self.agg_text}: accurateCastOrNull needs a constant type")
+            bt = base_type(target.this)
+            iv, s = self.visit(n.expressions[0])
+            self.nullable = True
+            if iv is None:
+                return None, "NULL"
+            if bt.startswith("Float"):
+                return iv, f"accurateCastOrNull({s}, {sql_of(target)})"
+            if bt in _INT_RANGES:
+                iv2, _ = self._int_cast(iv, s, bt)
+                return iv2, f"accurateCastOrNull({s}, {sql_of(target)})"
+            raise _reject(f"{self.agg_text}: a conversion to {target.this} cannot be bounded; convert to a numeric type")
         if isinstance(n, exp.Anonymous) and func_name(n).lower() in _IDENTITY_CASTS:
             iv, s = self.visit(n.expressions[0])
             return iv, f"{func_name(n)}({s})"
@@ -623,10 +643,15 @@ class Plan:
     key_domains: list[KeyDomain | None]
     selection: Selection | None
     cost: PrivacyCost
+    key_types: tuple[str, ...] | None = None  # the engine's type of each GROUP BY key (None: unknown)
 
     @property
     def grouped(self) -> bool:
         return self.bound.grouped
+
+    def key_nullable(self, j: int) -> bool:
+        """Whether key j may be NULL (unknown types count as nullable: the NULL-safe form is used)."""
+        return self.key_types is None or "Nullable(" in self.key_types[j]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -758,7 +783,9 @@ def _grid(halfwidth: float) -> float:
 
 
 class _Planner:
-    def __init__(self, bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions):
+    def __init__(self, bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions,
+                 key_types: Sequence[str] | None = None):
+        self.key_types = tuple(key_types) if key_types is not None else None
         self.bound = bound
         self.entry = bound.entry
         self.epsilon = epsilon
@@ -891,6 +918,8 @@ class _Planner:
                 arr = f"[{', '.join(literal_sql(v) for v in qkeys)}]"
             except CatalogError:
                 raise InvalidParameter(f"keys[{key.name!r}]: values must be strings, numbers, booleans or None") from None
+            if self.key_types is not None:  # cast to the key's type, then de-duplicate in that type
+                arr = f"arrayDistinct(CAST({arr} AS Array({_array_elem_type(self.key_types[key.index])})))"
             return KeyDomain(array_sql=arr, filter_sql=f"has({arr}, {key.sql})", source="query keys",
                              size=len(qkeys))
         if len(key.columns) != 1:
@@ -900,7 +929,7 @@ class _Planner:
         col_q = quote_ident(col)
         if col in e.public_keys:
             vals = e.public_keys[col]
-            arr = f"CAST([{', '.join(literal_sql(v) for v in vals)}] AS Array({_array_elem_type(typ)}))"
+            arr = f"arrayDistinct(CAST([{', '.join(literal_sql(v) for v in vals)}] AS Array({_array_elem_type(typ)})))"
             size = len(vals)
             source = "catalog public keys"
             col_filter = f"{col_q} IN {arr}"
@@ -976,7 +1005,7 @@ class _Planner:
         cost = PrivacyCost(mechanisms=tuple(self._cost(q) for q in self.quantities))
         return Plan(bound=bound, entry=self.entry, epsilon=self.epsilon, delta=self.delta, options=self.options,
                     bounding=self.bounding, quantities=self.quantities, aggregates=agg_plans, key_mode=key_mode,
-                    key_domains=key_domains, selection=selection, cost=cost)
+                    key_domains=key_domains, selection=selection, cost=cost, key_types=self.key_types)
 
     def _sensitivities(self) -> None:
         grouped = self.bound.grouped
@@ -1104,7 +1133,10 @@ def _substitute_column(node: exp.Expression, column: str, var: str) -> str:
     return sql_of(holder.this)
 
 
-def make_plan(bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions | None = None) -> Plan:
-    """Plan ``bound`` under (ε, δ). Raises QueryRejected / InvalidParameter; charges nothing."""
+def make_plan(bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions | None = None,
+              key_types: Sequence[str] | None = None) -> Plan:
+    """Plan ``bound`` under (ε, δ). ``key_types``: the engine's type of each GROUP BY key (public
+    key values are cast to it and de-duplicated in it). Raises QueryRejected / InvalidParameter;
+    charges nothing."""
     eps, dlt = check_budget_args(epsilon, delta)
-    return _Planner(bound, eps, dlt, options or QueryOptions()).plan()
+    return _Planner(bound, eps, dlt, options or QueryOptions(), key_types).plan()

@@ -38,8 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bind import sql_of
-from .catalog import base_type, is_integer_type, quote_ident
+from .catalog import base_type, is_integer_type, is_nullable, quote_ident
 from .plan import Plan, Quantity, _flit
+from .typecheck import default_row_sql, with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
 UNIT_SALT_PLACEHOLDER = "/*<secret unit salt>*/"
@@ -105,7 +106,9 @@ class _Rewriter:
             unit_hash = f"intHash64(bitXor(toUInt64({unit_sql}), {UNIT_SALT_PLACEHOLDER}))"
         else:
             unit_hash = f"cityHash64({unit_sql}, {UNIT_SALT_PLACEHOLDER})"
-        return f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {', '.join(key_sqls)}), {unit_hash})"
+        # a NULL key is a group like any other: hashed inside a tuple (a bare NULL would hash to NULL)
+        keys = [f"tuple({k})" if p.key_nullable(j) else k for j, k in enumerate(key_sqls)]
+        return f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {', '.join(keys)}), {unit_hash})"
 
     def per_unit_aggregates(self, *, inline: bool) -> list[str]:
         """The per-unit stage's aggregate calls (k = 1 or no GROUP BY), over the rows stage's
@@ -121,7 +124,9 @@ class _Rewriter:
             res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
         if not self.nk:
             return ["count()"] + [f"sum({r})" for r in res]
-        return [f"argMin({k}, {h})" for k in keys] + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res]
+        choose = [f"argMin(tuple({k}), {h}).1" if self.plan.key_nullable(j) else f"argMin({k}, {h})"
+                  for j, k in enumerate(keys)]
+        return choose + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res]
 
     def _k(self, j: int) -> str:
         return f"__dp_k{j}"
@@ -160,7 +165,11 @@ class _Rewriter:
             key_args = [f"__dp_rk{j}" for j in range(self.nk)]
             hash_sql = f"{self.unit_hash_sql(key_args, '__dp_u')} AS __dp_h"
         rows = ", ".join([f"{unit} AS __dp_u"] + rk + ([hash_sql] if hash_sql else []) + re)
-        rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{self._where(key_filters=not self._defer_key_filters())}"
+        where = self._where(key_filters=not self._defer_key_filters())
+        if is_nullable(p.entry.columns.get(p.entry.privacy_unit or "", "")):
+            # a row without a privacy unit belongs to no unit: it is dropped (docs/CONTROLLER.md)
+            where = (where + f" AND ({unit} IS NOT NULL)") if where else f"\nWHERE {unit} IS NOT NULL"
+        rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{where}"
 
         s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))]
         if not self.nk or b.k == 1:
@@ -182,13 +191,16 @@ class _Rewriter:
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its groups sorted by keyed hash, the first k kept (one sorted array per column,
             # all sorted by the same hashes, so element i of every array is the same group)
-            def by_hash(col: str) -> str:
+            def by_hash(col: str, nullable: bool = False) -> str:
+                if nullable:  # groupArray skips NULL: collect 1-tuples, unwrap after sorting
+                    return (f"arrayMap(__dp_t -> __dp_t.1, arraySlice(arraySort((__dp_v, __dp_w) -> __dp_w, "
+                            f"groupArray(tuple({col})), groupArray(__dp_h)), 1, {k}))")
                 return (f"arraySlice(arraySort((__dp_v, __dp_w) -> __dp_w, groupArray({col}), groupArray(__dp_h)), "
                         f"1, {k})")
 
             arrays = [f"arraySlice(arraySort(groupArray(__dp_h)), 1, {k}) AS __dp_ah",
                       f"{by_hash('__dp_c')} AS __dp_ac"] + \
-                [f"{by_hash(self._k(j))} AS __dp_ak{j}" for j in range(self.nk)] + \
+                [f"{by_hash(self._k(j), p.key_nullable(j))} AS __dp_ak{j}" for j in range(self.nk)] + \
                 [f"{by_hash(f'__dp_s{i}')} AS __dp_as{i}" for i in range(len(self.row_qs))]
             stage2 = f"SELECT {', '.join(arrays)}\nFROM (\n{_indent(stage1)}\n)\nGROUP BY __dp_u"
             passthrough = ["__dp_ah", "__dp_ac"] + [f"__dp_ak{j}" for j in range(self.nk)] + \
@@ -226,7 +238,8 @@ class _Rewriter:
             return groups
         key_cols = ", ".join(f"arrayJoin({d.array_sql}) AS {self._k(j)}"  # type: ignore[union-attr]
                              for j, d in enumerate(p.key_domains))
-        on = " AND ".join(f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
+        on = " AND ".join(f"isNotDistinctFrom(__dp_keys.{self._k(j)}, __dp_agg.{self._k(j)})" if p.key_nullable(j)
+                          else f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
         cols = [f"__dp_keys.{self._k(j)} AS {self._k(j)}" for j in range(self.nk)] + \
             [f"toInt64(ifNull(__dp_agg.{q.column}, 0)) AS {q.column}" for q in p.quantities]
         return (f"SELECT {', '.join(cols)}\nFROM (SELECT {key_cols}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
@@ -309,7 +322,7 @@ class _Rewriter:
         noised = self.noised_sql(keyed)
         released = self.released_sql(noised)
         display, names, internal = self.outer_sql(released)
-        sql = display.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
+        sql = with_settings(display).replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
             UNIT_SALT_PLACEHOLDER, self.plan.entry.unit_salt_sql())
         shown = display.replace(SALT_PLACEHOLDER, "<secret salt>").replace(UNIT_SALT_PLACEHOLDER, "<secret salt>")
         return Rewritten(sql=sql, display_sql=shown,
@@ -326,3 +339,10 @@ def rewrite_for_sensitivity_check(plan: Plan, *, table: str | None = None) -> Re
     selection off, optionally on another table (a neighbouring dataset D′). The controller never
     calls this; its output is not private."""
     return _Rewriter(plan, noise=False, selection=False, table=table).build()
+
+
+def rewrite_probe(plan: Plan) -> Rewritten:
+    """The same query over ONE row of default values instead of the table (dpch.typecheck runs it
+    before the charge; it reads no private row). Noise off: the UDF calls are typed by
+    construction, and the probe's output is discarded."""
+    return _Rewriter(plan, noise=False, selection=True, table=default_row_sql(plan.entry)).build()

@@ -1,0 +1,383 @@
+"""Stage 2b of the controller: every row-level expression made total (DESIGN.md, invariant 7).
+
+``make_total(bound, types) -> BoundQuery``. A row-level expression (WHERE, a GROUP BY key, an
+aggregate's argument or condition) runs on private rows, and ClickHouse short-circuits AND/OR/if:
+a function that can throw, or whose cost grows with a value, turns "did this query fail / take
+long" into an exact oracle for one unit's rows (`WHERE user_id = 42 AND intDiv(1, 0) = 1`). So
+every function here is one of:
+
+- **total**: cannot throw on any value of its argument types, and its cost and output size are at
+  most a constant times its inputs' size (arithmetic wraps or gives inf/NaN, comparisons, string
+  and date functions with bounded output);
+- **rewritten** to a total form: ``intDiv`` → ``intDivOrZero``, ``%``/``modulo`` →
+  ``moduloOrZero``, a cast or ``toT(x)`` that can fail on a value → ``accurateCastOrNull(x, 'T')``
+  (NULL when x does not convert), Decimal arithmetic → Float64 arithmetic;
+- **constant-argument**: total once some arguments are constants within a range (``substring``
+  offsets, pad lengths, regular expressions and formats, date units): checked here;
+- **rejected**, with the reason (``repeat``, ``toFixedString``, edit distances, array subscripts,
+  regular expressions built from data, ...).
+
+``FUNCTION_RULES`` is the table (docs/CONTROLLER.md prints it). What a NULL produced by a total
+form means, per position: in WHERE and in -If conditions, false (the row is not counted); in a
+GROUP BY key, the NULL group; inside an aggregate's argument, the row is skipped as SQL aggregates
+skip NULL (COUNT(x) counts non-NULL values).
+
+Types come from the engine (`types(sql list) -> type list`, a DESCRIBE that reads no data); the
+controller's type check afterwards runs the whole rewritten query on one row of default values
+before anything is charged (dpch.typecheck), which catches what depends on constants only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from sqlglot import exp
+
+from .bind import AggCall, BoundQuery, KeySpec, func_name, sql_of
+from .catalog import base_type
+from .errors import QueryRejected
+
+TypesOf = Callable[[Sequence[str]], list[str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # "total" | "rewrite" | "constant" | "reject"
+    why: str
+
+
+def _rules(kind: str, names: str, why: str) -> dict[str, Rule]:
+    return {n: Rule(kind, why) for n in names.split()}
+
+
+# By lower-case ClickHouse name (sqlglot node classes are mapped to these names by _name()).
+FUNCTION_RULES: dict[str, Rule] = {
+    **_rules("total", "plus minus multiply negate abs sign least greatest",
+             "integer arithmetic wraps, float arithmetic gives ±inf/NaN; never throws"),
+    **_rules("total", "divide", "float division (x/0 = ±inf or NaN); Decimal operands are converted to Float64 first"),
+    **_rules("total", "round roundbankers floor ceil trunc truncate",
+             "rounding; the number of digits must be a constant"),
+    **_rules("total", "sqrt cbrt pow power exp exp2 exp10 log ln log2 log10 log1p sin cos tan asin acos atan "
+                      "pi e isfinite isinfinite isnan intdivorzero moduloorzero",
+             "floating-point math returns NaN/inf outside its domain; the -OrZero forms return 0"),
+    **_rules("total", "equals notequals less greater lessorequals greaterorequals and or not xor in notin "
+                      "isnull isnotnull isnullable if multiif ifnull nullif coalesce case between is",
+             "comparisons, logic and conditionals: types are checked before the query runs"),
+    **_rules("total", "bitand bitor bitxor bitnot", "bitwise operations on integers"),
+    **_rules("total", "length lengthutf8 char_length character_length empty notempty lower upper lowerutf8 "
+                      "upperutf8 reverse trim trimleft trimright trimboth ltrim rtrim concat concatwithseparator "
+                      "dpipe startswith endswith position positioncaseinsensitive positionutf8 locate tostring "
+                      "hex unhex md5 sha sha2 initcap ascii chr splitbywhitespace",
+             "string functions whose output is at most their input (or a constant) in size"),
+    **_rules("total", "has hasany hasall indexof array tuple", "array membership over literal arrays"),
+    **_rules("total", "toyear tomonth todayofmonth todayofweek todayofyear toquarter tohour tominute tosecond "
+                      "toisoweek toisoyear toyyyymm toyyyymmdd toyyyymmddhhmmss tostartofday tostartofmonth "
+                      "tostartofquarter tostartofyear tostartofhour tostartofminute tostartoffiveminutes "
+                      "tostartoffifteenminutes tomonday tolastdayofmonth timeslot torelativedaynum "
+                      "torelativemonthnum torelativeyearnum torelativeweeknum adddays addweeks addmonths "
+                      "addyears addhours addminutes addseconds addquarters subtractdays subtractweeks "
+                      "subtractmonths subtractyears subtracthours subtractminutes subtractseconds today "
+                      "yesterday now fromunixtimestamp",
+             "date parts and date arithmetic on Date/DateTime values (wrap around, never throw)"),
+    **_rules("total", "toint64orzero toint32orzero tofloat64orzero toint64ornull toint32ornull tofloat64ornull "
+                      "tostringornull todateorzero todateornull todatetimeornull accuratecastornull",
+             "the -OrZero/-OrNull conversions never throw"),
+    **_rules("rewrite", "intdiv", "intDiv throws on a zero divisor (and on INT_MIN / -1): becomes intDivOrZero"),
+    **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
+    **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
+                        "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime todatetime64 tobool "
+                        "tounixtimestamp",
+             "a conversion of a String (parse) or to an Enum/UUID/Bool can throw on a value: becomes "
+             "accurateCastOrNull(x, 'T'); numeric-to-numeric and numeric-to-date conversions are total as they are"),
+    **_rules("rewrite", "todecimal32 todecimal64 todecimal128 todecimal256",
+             "Decimal conversion and arithmetic throw on overflow and on division by zero: computed in Float64, "
+             "truncated to the scale"),
+    **_rules("constant", "substring substr substringutf8 left right",
+             "offset and length must be integer constants (a huge value computed from data throws)"),
+    **_rules("constant", "leftpad rightpad lpad rpad pad",
+             "the length must be a constant ≤ 10000 and the fill a constant string (output size)"),
+    **_rules("constant", "like notlike ilike notilike match regexplike regexpilike extract replaceregexpall "
+                         "replaceregexpone regexpextract regexpreplace similarto",
+             "the pattern must be a constant string (a pattern compiled from data can fail or be slow)"),
+    **_rules("constant", "replace replaceall replaceone",
+             "needle and replacement must be constants (output size)"),
+    **_rules("constant", "splitbychar splitbystring split", "the separator must be a constant"),
+    **_rules("constant", "formatdatetime timetostr", "the format must be a constant string"),
+    **_rules("constant", "datediff date_diff age dateadd date_add datesub date_sub datetrunc date_trunc "
+                         "timestamptrunc timestampadd timestampsub timestampdiff tostartofinterval interval "
+                         "toweek tostartofweek",
+             "the unit (or week mode, or interval) must be a constant; a column cannot be a unit"),
+    **_rules("constant", "bitshiftleft bitshiftright", "the shift must be a constant ≥ 0 (a negative one throws)"),
+    **_rules("reject", "repeat", "its output size is the product of two inputs, so it can grow past the engine's "
+                                 "limit for one unit's rows"),
+    **_rules("reject", "tofixedstring", "it throws on a string longer than N; use substring(s, 1, N)"),
+    **_rules("reject", "levenshtein editdistance levenshteindistance damerauLevenshteinDistance",
+             "quadratic cost in the strings' lengths (a timing channel) and a length limit that throws"),
+    **_rules("reject", "bracket arrayelement slice", "array subscripts throw on index 0; use has()/indexOf()"),
+    **_rules("reject", "gcd lcm positivemodulo", "they throw on some values (INT_MIN, zero)"),
+    **_rules("reject", "strtodate strtotime parsedatetime", "parsing throws on malformed text; use toDateOrNull"),
+}
+
+_UNITS = {"NANOSECOND", "MICROSECOND", "MILLISECOND", "SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH",
+          "QUARTER", "YEAR"}
+_UNITS |= {u + "S" for u in _UNITS}
+_MAX_PAD = 10_000
+_MAX_OFFSET = 2 ** 31
+_STRINGY = ("String", "FixedString")
+_CAST_TARGETS = {"toint8": "Int8", "toint16": "Int16", "toint32": "Int32", "toint64": "Int64",
+                 "toint128": "Int128", "toint256": "Int256", "touint8": "UInt8", "touint16": "UInt16",
+                 "touint32": "UInt32", "touint64": "UInt64", "touint128": "UInt128", "touint256": "UInt256",
+                 "tofloat32": "Float32", "tofloat64": "Float64", "todate": "Date", "todate32": "Date32",
+                 "todatetime": "DateTime", "todatetime64": "DateTime64(3)", "tobool": "Bool"}
+_SAFE_FROM_NUMBER = ("Int", "UInt", "Float", "Date", "DateTime", "String")  # target families total from numbers
+
+
+def _reject(msg: str) -> QueryRejected:
+    return QueryRejected(msg)
+
+
+def _name(node: exp.Expression) -> str:
+    """The rule name of a node: the ClickHouse function name, lower case."""
+    if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
+        return func_name(node).lower()
+    special = {exp.Mod: "modulo", exp.IntDiv: "intdiv", exp.Bracket: "bracket", exp.Repeat: "repeat",
+               exp.Levenshtein: "levenshtein", exp.Substring: "substring", exp.Pad: "pad",
+               exp.RegexpLike: "match", exp.RegexpILike: "regexpilike", exp.Like: "like", exp.ILike: "ilike",
+               exp.Split: "split", exp.TimeToStr: "formatdatetime", exp.DateDiff: "datediff",
+               exp.DateAdd: "dateadd", exp.DateSub: "datesub", exp.DateTrunc: "datetrunc",
+               exp.TimestampTrunc: "timestamptrunc", exp.Interval: "interval", exp.Cast: "cast",
+               exp.Left: "left", exp.Right: "right", exp.Replace: "replace", exp.Slice: "slice",
+               exp.BitwiseLeftShift: "bitshiftleft", exp.BitwiseRightShift: "bitshiftright",
+               exp.StrToDate: "strtodate", exp.StrToTime: "strtotime", exp.RegexpExtract: "regexpextract",
+               exp.RegexpReplace: "regexpreplace"}
+    for cls, name in special.items():
+        if isinstance(node, cls):
+            return name
+    return ""
+
+
+def _int_literal(node: exp.Expression | None) -> int | None:
+    if isinstance(node, exp.Neg):
+        v = _int_literal(node.this)
+        return None if v is None else -v
+    if isinstance(node, exp.Paren):
+        return _int_literal(node.this)
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return int(node.this)
+        except ValueError:
+            return None
+    return None
+
+
+def _is_const_string(node: exp.Expression | None) -> bool:
+    return isinstance(node, exp.Literal) and node.is_string
+
+
+def _stringy(typ: str) -> bool:
+    return base_type(typ).startswith(_STRINGY)
+
+
+class _Totalizer:
+    def __init__(self, bound: BoundQuery, types: TypesOf | None):
+        self.bound = bound
+        self.entry = bound.entry
+        self.types = types
+        self.pending: list[tuple[exp.Expression, str]] = []  # (conversion node, target type)
+
+    # -- checks ---------------------------------------------------------------------------------
+    def check(self, root: exp.Expression, where: str) -> None:
+        for node in root.walk():
+            name = _name(node)
+            if isinstance(node, exp.Var) and not isinstance(node.parent, (exp.DataType, exp.DataTypeParam)):
+                if node.name.upper() not in _UNITS:
+                    raise _reject(f"{where}: {node.name!r} is not a time unit ({', '.join(sorted(u.lower() for u in _UNITS if not u.endswith('S')))}); "
+                                  "a column cannot be used as a unit")
+            if not name:
+                continue
+            rule = FUNCTION_RULES.get(name)
+            if rule is not None and rule.kind == "reject":
+                raise _reject(f"{where}: {name}() is not allowed on private rows: {rule.why}")
+            self._constant_args(node, name, where)
+
+    def _constant_args(self, node: exp.Expression, name: str, where: str) -> None:
+        args = list(node.expressions) if isinstance(node, exp.Anonymous) else []
+
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise _reject(f"{where}: {name}(): {what} on private rows; nothing ran and nothing was charged")
+
+        if name in ("substring", "substr", "substringutf8"):
+            rest = args[1:] if args else [node.args.get("start"), node.args.get("length")]
+            for a in rest:
+                if a is not None:
+                    v = _int_literal(a)
+                    need(v is not None and abs(v) <= _MAX_OFFSET, "offset and length must be integer constants")
+        elif name in ("left", "right"):
+            n = args[1] if len(args) > 1 else node.args.get("expression")
+            v = _int_literal(n)
+            need(v is not None and abs(v) <= _MAX_OFFSET, "the length must be an integer constant")
+        elif name in ("leftpad", "rightpad", "lpad", "rpad", "pad"):
+            n = args[1] if len(args) > 1 else node.args.get("expression")
+            fill = args[2] if len(args) > 2 else node.args.get("fill_pattern")
+            v = _int_literal(n)
+            need(v is not None and 0 <= v <= _MAX_PAD, f"the length must be a constant in [0, {_MAX_PAD}]")
+            need(fill is None or _is_const_string(fill), "the fill must be a constant string")
+        elif name in ("like", "notlike", "ilike", "notilike", "match", "regexpilike", "similarto"):
+            pattern = args[1] if len(args) > 1 else node.args.get("expression")
+            need(_is_const_string(pattern), "the pattern must be a constant string")
+        elif name in ("extract", "regexpextract"):
+            pattern = args[1] if len(args) > 1 else node.args.get("expression")
+            need(_is_const_string(pattern), "the pattern must be a constant string")
+            group = args[2] if len(args) > 2 else node.args.get("group")
+            need(group is None or _int_literal(group) is not None, "the group must be an integer constant")
+        elif name in ("replaceregexpall", "replaceregexpone", "replaceall", "replaceone"):
+            need(len(args) == 3 and _is_const_string(args[1]) and _is_const_string(args[2]),
+                 "pattern and replacement must be constant strings")
+        elif name in ("replace", "regexpreplace"):
+            parts = args[1:] if args else [node.args.get("expression"), node.args.get("replacement")]
+            need(all(_is_const_string(p) for p in parts if p is not None), "needle and replacement must be constants")
+        elif name in ("splitbychar", "splitbystring", "split"):
+            sep = args[0] if args else node.args.get("expression")
+            need(_is_const_string(sep), "the separator must be a constant string")
+        elif name in ("formatdatetime",):
+            fmt = args[1] if len(args) > 1 else node.args.get("format")
+            need(_is_const_string(fmt), "the format must be a constant string")
+        elif name in ("datediff", "date_diff", "age", "dateadd", "date_add", "datesub", "date_sub"):
+            if args:  # Anonymous spelling: the unit is the first argument
+                need(_is_const_string(args[0]) or isinstance(args[0], exp.Var), "the unit must be a constant")
+            else:
+                unit = node.args.get("unit")
+                need(unit is None or isinstance(unit, exp.Var) or _is_const_string(unit), "the unit must be a constant")
+        elif name in ("datetrunc", "date_trunc", "timestamptrunc"):
+            unit = args[0] if args else node.args.get("unit")
+            need(unit is None or isinstance(unit, exp.Var) or _is_const_string(unit), "the unit must be a constant")
+        elif name == "tostartofinterval":
+            iv = args[1] if len(args) > 1 else None
+            v = _int_literal(iv.this) if isinstance(iv, exp.Interval) else None
+            if isinstance(iv, exp.Interval) and v is None and _is_const_string(iv.this):
+                v = int(iv.this.this) if iv.this.this.isdigit() else None
+            need(v is not None and v > 0, "the interval must be a positive constant")
+        elif name in ("toweek", "tostartofweek"):
+            need(len(args) < 2 or _int_literal(args[1]) is not None, "the mode must be an integer constant")
+        elif name in ("bitshiftleft", "bitshiftright"):
+            v = _int_literal(args[1] if len(args) > 1 else node.args.get("expression"))
+            need(v is not None and v >= 0, "the shift must be a constant ≥ 0")
+        elif name in ("round", "roundbankers", "floor", "ceil", "trunc", "truncate"):
+            digits = args[1] if len(args) > 1 else (node.args.get("decimals") if not args else None)
+            need(digits is None or _int_literal(digits) is not None, "the number of digits must be an integer constant")
+
+    # -- rewriting ------------------------------------------------------------------------------
+    def collect(self, root: exp.Expression) -> None:
+        """Conversions whose totality depends on their argument's type (asked of the engine)."""
+        for node in root.walk():
+            name = _name(node)
+            if name == "cast":
+                self.pending.append((node, node.args["to"].sql(dialect="clickhouse")))
+            elif name in _CAST_TARGETS or name.startswith("todecimal") or name == "tounixtimestamp":
+                self.pending.append((node, _CAST_TARGETS.get(name, "")))
+
+    def rewrite(self, root: exp.Expression, arg_types: dict[int, str]) -> exp.Expression:
+        holder = exp.Paren(this=root)
+        for node in list(holder.walk()):
+            name = _name(node)
+            if name == "intdiv":
+                x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
+                node.replace(exp.Anonymous(this="intDivOrZero", expressions=[x, y]))
+            elif name in ("modulo", "mod"):
+                x, y = (node.this, node.expression) if isinstance(node, exp.Mod) else node.expressions[:2]
+                node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
+            elif id(node) in arg_types:
+                self._conversion(node, name, arg_types[id(node)])
+        for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic throws: compute in Float64
+            typ = base_type(self.entry.columns.get(col.name, ""))
+            if typ.startswith("Decimal") and isinstance(col.parent, (exp.Binary, exp.Neg, exp.Func)) \
+                    and not isinstance(col.parent, (exp.Predicate, exp.Cast)):
+                col.replace(exp.Anonymous(this="toFloat64", expressions=[col.copy()]))
+        return holder.this
+
+    def _conversion(self, node: exp.Expression, name: str, arg_type: str) -> None:
+        arg = node.this if isinstance(node, exp.Cast) else node.expressions[0]
+        if name.startswith("todecimal"):
+            scale = node.expressions[1] if len(node.expressions) > 1 else None
+            digits = _int_literal(scale)
+            if digits is None:
+                raise _reject(f"{name}(): the scale must be an integer constant")
+            as_float = exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string("Float64")])
+            node.replace(exp.Anonymous(this="trunc", expressions=[as_float, exp.Literal.number(digits)]))
+            return
+        if name == "tounixtimestamp":
+            if _stringy(arg_type):
+                node.set("expressions", [exp.Anonymous(this="accurateCastOrNull",
+                                                       expressions=[arg.copy(), exp.Literal.string("DateTime")])])
+            return
+        target = node.args["to"].sql(dialect="clickhouse") if isinstance(node, exp.Cast) else _CAST_TARGETS[name]
+        tb = base_type(target)
+        if tb.startswith("Decimal"):
+            node.replace(exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string("Float64")]))
+            return
+        if tb.startswith("FixedString"):
+            raise _reject(f"a conversion to {target} throws on longer strings; use substring(s, 1, N)")
+        total_as_is = not _stringy(arg_type) and tb.startswith(_SAFE_FROM_NUMBER) and tb != "Bool"
+        if not total_as_is:
+            node.replace(exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string(target)]))
+
+    # -- main -----------------------------------------------------------------------------------
+    def run(self) -> BoundQuery:
+        b = self.bound
+        roots: list[tuple[str, exp.Expression]] = []
+        where = b.where.copy() if b.where is not None else None
+        if where is not None:
+            roots.append(("WHERE", where))
+        keys = [k.expr.copy() for k in b.keys]
+        roots += [(f"GROUP BY {k.sql}", e) for k, e in zip(b.keys, keys)]
+        args = [(a.arg.copy() if a.arg is not None else None, a.cond.copy() if a.cond is not None else None)
+                for a in b.aggregates]
+        for a, (arg, cond) in zip(b.aggregates, args):
+            for part in (arg, cond):
+                if part is not None:
+                    roots.append((a.text, part))
+        for where_text, root in roots:
+            self.check(root, where_text)
+            self.collect(root)
+        arg_types: dict[int, str] = {}
+        if self.pending:
+            sqls = [sql_of(n.this if isinstance(n, exp.Cast) else n.expressions[0]) for n, _ in self.pending]
+            if self.types is None:
+                types = ["String"] * len(sqls)  # unknown: assume the worst (a parse)
+            else:
+                types = self.types(sqls)
+            arg_types = {id(n): t for (n, _), t in zip(self.pending, types)}
+        new_where = self.rewrite(where, arg_types) if where is not None else None
+        new_keys = []
+        for k, e in zip(b.keys, keys):
+            e2 = self.rewrite(e, arg_types)
+            new_keys.append(k if e2 == k.expr else replace(k, expr=e2, sql=sql_of(e2)))
+        new_aggs = []
+        for a, (arg, cond) in zip(b.aggregates, args):
+            arg2 = self.rewrite(arg, arg_types) if arg is not None else None
+            cond2 = self.rewrite(cond, arg_types) if cond is not None else None
+            new_aggs.append(replace(a, arg=arg2, cond=cond2))
+        return replace(b, where=new_where, keys=tuple(new_keys), aggregates=tuple(new_aggs))
+
+
+def make_total(bound: BoundQuery, types: TypesOf | None = None) -> BoundQuery:
+    """Check and rewrite every row-level expression of ``bound`` into a total form (module
+    docstring). Raises QueryRejected naming the function and why; runs nothing, charges nothing.
+    ``types`` gives the engine's types of SQL expressions over the table (None: assume String,
+    i.e. the conservative total form)."""
+    return _Totalizer(bound, types).run()
+
+
+def rules_table() -> str:
+    """FUNCTION_RULES as a Markdown table (docs/CONTROLLER.md)."""
+    by_why: dict[tuple[str, str], list[str]] = {}
+    for name, rule in FUNCTION_RULES.items():
+        by_why.setdefault((rule.kind, rule.why), []).append(name)
+    lines = ["| rule | functions | why |", "|---|---|---|"]
+    for (kind, why), names in by_why.items():
+        lines.append(f"| {kind} | {', '.join(f'`{n}`' for n in names)} | {why} |")
+    return "\n".join(lines)
+
+
+__all__ = ["FUNCTION_RULES", "Rule", "make_total", "rules_table", "AggCall", "KeySpec"]

@@ -1,0 +1,89 @@
+"""Type checks against the real schema, before the ledger is charged (DESIGN.md, invariant 7).
+
+None of these reads a private row, so whether they fail depends on the query and the schema only:
+
+- ``expression_types``: the engine's types of expressions over a catalogued table (a DESCRIBE of a
+  SELECT: analysed, never executed). The totality pass uses them to choose total conversions, the
+  planner to type public-key arrays.
+- ``check_runs``: the rewritten query, and every row-level expression of the query evaluated
+  unconditionally (no short-circuit), run on ONE row of default values of the table's column types.
+  A query that fails there (a type mismatch, an invalid constant regular expression or format, a
+  cast of a public key value that does not exist in an Enum) is rejected before anything is
+  charged. A query that passes cannot fail on the data later for a value-dependent reason, because
+  every row-level function is total (dpch.totality).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .bind import BoundQuery, sql_of
+from .catalog import TableEntry, quote_ident, quote_string
+from .errors import QueryRejected
+from .execute import sanitize_error
+
+# Settings of every rewritten query: no short-circuit evaluation (the cost of WHERE and of
+# conditions does not depend on which rows match), Decimal overflow does not throw.
+QUERY_SETTINGS = "short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0"
+
+
+def with_settings(sql: str) -> str:
+    return f"{sql}\nSETTINGS {QUERY_SETTINGS}"
+
+
+def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected:
+    return QueryRejected(f"{what} on the schema of {entry.table}: {sanitize_error(str(exc))}. The query was "
+                         f"checked on a row of default values; nothing ran on the data and nothing was charged")
+
+
+def expression_types(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
+    """The engine's type of each SQL expression over ``entry``'s table (reads no data). A plain
+    registered column takes its catalogued type; the rest is one DESCRIBE."""
+    known = {c: t for c, t in entry.columns.items()}
+    out: list[str | None] = [known.get(s.strip('`"')) for s in sqls]
+    ask = [s for s, t in zip(sqls, out) if t is None]
+    if ask:
+        answers = iter(_describe(backend, entry, ask))
+        out = [t if t is not None else next(answers) for t in out]
+    return [str(t) for t in out]
+
+
+def _describe(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
+    cols = ", ".join(f"{s} AS __dp_t{i}" for i, s in enumerate(sqls))
+    try:
+        df = backend.query_df(f"DESCRIBE (SELECT {cols} FROM {default_row_sql(entry)})")
+    except Exception as exc:
+        raise _schema_error(entry, exc, "the query does not type-check") from None
+    by_name = dict(zip(df["name"], df["type"]))
+    return [str(by_name[f"__dp_t{i}"]) for i in range(len(sqls))]
+
+
+def default_row_sql(entry: TableEntry) -> str:
+    """A one-row subquery with the table's registered columns at their types' default values."""
+    cols = ", ".join(f"defaultValueOfTypeName({quote_string(t)}) AS {quote_ident(c)}" for c, t in entry.columns.items())
+    return f"(SELECT {cols})"
+
+
+def row_expressions(bound: BoundQuery) -> list[str]:
+    out = []
+    if bound.where is not None:
+        out.append(sql_of(bound.where))
+    out += [k.sql for k in bound.keys]
+    for a in bound.aggregates:
+        out += [sql_of(e) for e in (a.arg, a.cond) if e is not None]
+    return out
+
+
+def check_runs(backend, entry: TableEntry, bound: BoundQuery, probe_sql: str) -> None:
+    """Run ``probe_sql`` (the rewritten query over ``default_row_sql``) and every row-level
+    expression on the default row. Raises QueryRejected; charges nothing."""
+    exprs = row_expressions(bound)
+    if exprs:
+        cols = ", ".join(f"{s} AS __dp_e{i}" for i, s in enumerate(exprs))
+        try:
+            backend.query_df(with_settings(f"SELECT {cols} FROM {default_row_sql(entry)}"))
+        except Exception as exc:
+            raise _schema_error(entry, exc, "the query's expressions fail") from None
+    try:
+        backend.query_df(probe_sql)
+    except Exception as exc:
+        raise _schema_error(entry, exc, "the rewritten query does not run") from None
