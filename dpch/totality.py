@@ -136,24 +136,56 @@ def _reject(msg: str) -> QueryRejected:
     return QueryRejected(msg)
 
 
+_STRUCTURAL = (exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Column, exp.Identifier, exp.Var, exp.DataType,
+               exp.DataTypeParam, exp.Ordered, exp.Kwarg, exp.Distinct, exp.Star, exp.Tuple, exp.Array)
+
+# sqlglot node classes → the ClickHouse function they stand for (the rule name)
+_CLASS_NAMES = {
+    "Add": "plus", "Sub": "minus", "Mul": "multiply", "Div": "divide", "Neg": "negate", "IntDiv": "intdiv",
+    "Mod": "modulo", "EQ": "equals", "NEQ": "notequals", "GT": "greater", "GTE": "greaterorequals", "LT": "less",
+    "LTE": "lessorequals", "NullSafeEQ": "equals", "NullSafeNEQ": "notequals", "And": "and", "Or": "or",
+    "Xor": "xor", "Not": "not", "Like": "like", "ILike": "ilike", "RegexpLike": "match", "RegexpILike": "regexpilike",
+    "SimilarTo": "similarto", "Is": "is", "In": "in", "Between": "between", "DPipe": "dpipe", "BitwiseAnd": "bitand",
+    "BitwiseOr": "bitor", "BitwiseXor": "bitxor", "BitwiseNot": "bitnot", "BitwiseLeftShift": "bitshiftleft",
+    "BitwiseRightShift": "bitshiftright", "Cast": "cast", "TryCast": "accuratecastornull", "Interval": "interval",
+    "Abs": "abs", "Sign": "sign", "Round": "round", "Floor": "floor", "Ceil": "ceil", "Trunc": "trunc",
+    "Sqrt": "sqrt", "Cbrt": "cbrt", "Pow": "pow", "Exp": "exp", "Ln": "ln", "Log": "log", "Least": "least",
+    "Greatest": "greatest", "If": "if", "Case": "case", "Coalesce": "coalesce", "Nullif": "nullif",
+    "Lower": "lower", "Upper": "upper", "Length": "length", "Substring": "substring", "Concat": "concat",
+    "ConcatWs": "concatwithseparator", "StartsWith": "startswith", "EndsWith": "endswith", "Trim": "trim",
+    "TimestampTrunc": "timestamptrunc", "DateTrunc": "datetrunc", "StrPosition": "position", "Pi": "pi",
+    "Year": "toyear", "Month": "tomonth", "Day": "todayofmonth", "Quarter": "toquarter", "Week": "toweek",
+    "DayOfWeek": "todayofweek", "DayOfMonth": "todayofmonth", "DayOfYear": "todayofyear", "Hour": "tohour",
+    "Minute": "tominute", "Second": "tosecond", "CurrentDate": "today", "CurrentTimestamp": "now",
+    "CurrentDatetime": "now", "DateAdd": "dateadd", "DateSub": "datesub", "DateDiff": "datediff",
+    "TimestampAdd": "timestampadd", "TimestampSub": "timestampsub", "TimestampDiff": "timestampdiff",
+    "StrToDate": "strtodate", "StrToTime": "strtotime", "TimeToStr": "formatdatetime",
+    "UnixToTime": "fromunixtimestamp", "TimeToUnix": "tounixtimestamp", "Left": "left", "Right": "right",
+    "Reverse": "reverse", "Replace": "replace", "Repeat": "repeat", "Pad": "pad", "Initcap": "initcap",
+    "Bracket": "bracket", "Levenshtein": "levenshtein", "Chr": "chr", "Ascii": "ascii",
+    "RegexpExtract": "regexpextract", "RegexpReplace": "regexpreplace", "Split": "split",
+    "ArrayContains": "has", "ArrayContainsAll": "hasall", "ArrayOverlaps": "hasany", "ArraySize": "length",
+    "Unhex": "unhex", "Hex": "hex", "MD5": "md5", "SHA": "sha", "SHA2": "sha2", "IsNan": "isnan", "IsInf": "isinfinite",
+    "Slice": "slice",
+}
+_NODE_NAMES = {getattr(exp, c): n for c, n in _CLASS_NAMES.items() if getattr(exp, c, None) is not None}
+
+
 def _name(node: exp.Expression) -> str:
-    """The rule name of a node: the ClickHouse function name, lower case."""
+    """The rule name of a node: the ClickHouse function it stands for, lower case ("" for the
+    structural nodes: literals, columns, parentheses, types, array/tuple literals)."""
     if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
         return func_name(node).lower()
-    special = {exp.Mod: "modulo", exp.IntDiv: "intdiv", exp.Bracket: "bracket", exp.Repeat: "repeat",
-               exp.Levenshtein: "levenshtein", exp.Substring: "substring", exp.Pad: "pad",
-               exp.RegexpLike: "match", exp.RegexpILike: "regexpilike", exp.Like: "like", exp.ILike: "ilike",
-               exp.Split: "split", exp.TimeToStr: "formatdatetime", exp.DateDiff: "datediff",
-               exp.DateAdd: "dateadd", exp.DateSub: "datesub", exp.DateTrunc: "datetrunc",
-               exp.TimestampTrunc: "timestamptrunc", exp.Interval: "interval", exp.Cast: "cast",
-               exp.Left: "left", exp.Right: "right", exp.Replace: "replace", exp.Slice: "slice",
-               exp.BitwiseLeftShift: "bitshiftleft", exp.BitwiseRightShift: "bitshiftright",
-               exp.StrToDate: "strtodate", exp.StrToTime: "strtotime", exp.RegexpExtract: "regexpextract",
-               exp.RegexpReplace: "regexpreplace"}
-    for cls, name in special.items():
-        if isinstance(node, cls):
-            return name
-    return ""
+    name = _NODE_NAMES.get(type(node))
+    if name is not None:
+        return name
+    if isinstance(node, _STRUCTURAL):
+        return ""
+    return f"<{type(node).__name__}>"
+
+
+def _conversion_arg(node: exp.Expression) -> exp.Expression:
+    return node.expressions[0] if isinstance(node, exp.Anonymous) else node.this
 
 
 def _int_literal(node: exp.Expression | None) -> int | None:
@@ -196,7 +228,10 @@ class _Totalizer:
             if not name:
                 continue
             rule = FUNCTION_RULES.get(name)
-            if rule is not None and rule.kind == "reject":
+            if rule is None:
+                raise _reject(f"{where}: {name.strip('<>')} is not on the list of functions that are total on private "
+                              "rows (docs/CONTROLLER.md, \"Totality\"); nothing ran and nothing was charged")
+            if rule.kind == "reject":
                 raise _reject(f"{where}: {name}() is not allowed on private rows: {rule.why}")
             self._constant_args(node, name, where)
 
@@ -297,7 +332,7 @@ class _Totalizer:
         return holder.this
 
     def _conversion(self, node: exp.Expression, name: str, arg_type: str) -> None:
-        arg = node.this if isinstance(node, exp.Cast) else node.expressions[0]
+        arg = _conversion_arg(node)
         if name.startswith("todecimal"):
             scale = node.expressions[1] if len(node.expressions) > 1 else None
             digits = _int_literal(scale)
@@ -308,8 +343,8 @@ class _Totalizer:
             return
         if name == "tounixtimestamp":
             if _stringy(arg_type):
-                node.set("expressions", [exp.Anonymous(this="accurateCastOrNull",
-                                                       expressions=[arg.copy(), exp.Literal.string("DateTime")])])
+                as_time = exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string("DateTime")])
+                node.replace(exp.Anonymous(this="toUnixTimestamp", expressions=[as_time]))
             return
         target = node.args["to"].sql(dialect="clickhouse") if isinstance(node, exp.Cast) else _CAST_TARGETS[name]
         tb = base_type(target)
@@ -342,7 +377,7 @@ class _Totalizer:
             self.collect(root)
         arg_types: dict[int, str] = {}
         if self.pending:
-            sqls = [sql_of(n.this if isinstance(n, exp.Cast) else n.expressions[0]) for n, _ in self.pending]
+            sqls = [sql_of(_conversion_arg(n)) for n, _ in self.pending]
             if self.types is None:
                 types = ["String"] * len(sqls)  # unknown: assume the worst (a parse)
             else:
