@@ -93,6 +93,11 @@ def is_numeric_type(ch_type: str) -> bool:
     return t in _INTEGER_TYPES or t in _FLOAT_TYPES or t.startswith("Decimal")
 
 
+# |bound| limit: a released sum is at most 2^63 grid units of g ≤ 2^(log2|bound| - 19), which must stay
+# below 2^1024 (the largest Float64) with room for the noise: 900 + 63 - 19 < 1024.
+MAX_ABS_BOUND = 2.0 ** 900
+
+
 def literal_sql(value: Any) -> str:
     """SQL literal for a public key value (JSON types only: str, int, float, bool, None)."""
     if value is None:
@@ -419,6 +424,9 @@ class Catalog:
                 raise CatalogError(f"bounds of {col!r} must be finite numbers")
             if lo_f > hi_f:
                 raise CatalogError(f"bounds of {col!r}: the lower bound must not exceed the upper bound")
+            if max(abs(lo_f), abs(hi_f)) > MAX_ABS_BOUND:
+                raise CatalogError(f"bounds of {col!r}: |lo| and |hi| must be at most 2^900 (≈ 8.5e270), so that a "
+                                   f"sum of up to 2^63 fixed-point units stays a finite Float64; rescale the column")
             checked_bounds[col] = (lo_f, hi_f)
 
         checked_keys: dict[str, tuple] = {}

@@ -66,6 +66,8 @@ def test_columns_restriction_and_row_level(cat):
     (dict(privacy_unit="uid", bounds={"amount": (5, 1)}), "lower bound must not exceed"),
     (dict(privacy_unit="uid", bounds={"amount": (0, float("inf"))}), "finite"),
     (dict(privacy_unit="uid", bounds={"amount": (0,)}), "pair"),
+    (dict(privacy_unit="uid", bounds={"amount": (0, 1e299)}), r"at most 2\^900"),
+    (dict(privacy_unit="uid", bounds={"amount": (-1e300, 0)}), r"at most 2\^900"),
     (dict(privacy_unit="uid", max_groups_contributed=0), "max_groups_contributed"),
     (dict(privacy_unit="uid", max_rows_per_unit=1.5), "max_rows_per_unit"),
     (dict(privacy_unit="uid", max_rows_per_group=-1), "max_rows_per_group"),
