@@ -13,7 +13,8 @@ the query into:
   construction, a noisy aggregate, a group key, or a function of those and constants
   (post-processing).
 
-Functions are allow-listed (pure, deterministic, reading nothing but their arguments): a function
+Functions are allow-listed (pure, deterministic, reading nothing but their arguments; each one also
+has a totality rule in ``dpch.totality.FUNCTION_RULES``, which the next stage enforces): a function
 that reads other data (``dictGet``, ``joinGet``, ``file``...), has side effects, draws randomness or
 is a DPCH noise/``dp_*`` function is rejected with its name.
 """
@@ -43,12 +44,12 @@ BitwiseLeftShift BitwiseRightShift Cast TryCast Literal Boolean Null Column Iden
 Interval Var DataType DataTypeParam Abs Sign Round Floor Ceil Trunc Sqrt Cbrt Pow Exp Ln Log Log2 Log10
 Least Greatest If Case Coalesce Nullif Lower Upper Length Substring Concat ConcatWs StartsWith EndsWith
 Trim TimestampTrunc DateTrunc StrPosition Pi Year Month Day Quarter Week DayOfWeek DayOfMonth DayOfYear
-Hour Minute Second CurrentDate CurrentTimestamp CurrentDatetime DateAdd DateSub DateDiff TsOrDsToDate
-TsOrDsAdd TimestampAdd TimestampSub TimestampDiff Date StrToDate StrToTime TimeToStr UnixToTime
-TimeToUnix Left Right Reverse Replace Repeat Pad Initcap Bracket ToDays Levenshtein Chr Ascii
-RegexpExtract RegexpReplace Split SplitPart ArrayContains ArrayContainsAll ArrayOverlaps ArraySize
-Unhex Hex MD5 SHA SHA2 IsNan IsInf SafeDivide Ordered Kwarg Distinct Star Slice
-ToNumber Upper Lower JSONExtractScalar
+Hour Minute Second CurrentDate CurrentTimestamp CurrentDatetime DateAdd DateSub DateDiff
+TimestampAdd TimestampSub TimestampDiff StrToDate StrToTime TimeToStr UnixToTime
+TimeToUnix Left Right Reverse Replace Repeat Pad Initcap Bracket Levenshtein Chr Ascii
+RegexpExtract RegexpReplace Split ArrayContains ArrayContainsAll ArrayOverlaps ArraySize
+Unhex Hex MD5 SHA SHA2 IsNan IsInf Ordered Kwarg Distinct Star Slice
+Upper Lower
 """
 _ALLOWED_NODES = tuple(c for c in (getattr(exp, n, None) for n in _ALLOWED_NODE_NAMES.split()) if c is not None)
 
@@ -67,7 +68,7 @@ splitbywhitespace extract tostring tofixedstring
 tofloat64 tofloat32 toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64
 touint128 touint256 todecimal32 todecimal64 todecimal128 toint64orzero toint32orzero tofloat64orzero
 toint64ornull toint32ornull tofloat64ornull tostringornull todate todate32 todatetime todatetime64
-todateorzero todateornull todatetimeornull tobool
+todateorzero todateornull todatetimeornull tobool accuratecastornull
 toyear tomonth todayofmonth todayofweek todayofyear toquarter tohour tominute tosecond toisoweek toweek
 toisoyear toyyyymm toyyyymmdd toyyyymmddhhmmss tostartofday tostartofweek tostartofmonth
 tostartofquarter tostartofyear tostartofhour tostartofminute tostartoffiveminutes tostartoffifteenminutes

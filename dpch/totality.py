@@ -55,7 +55,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     **_rules("total", "plus minus multiply negate abs sign least greatest",
              "integer arithmetic wraps, float arithmetic gives ±inf/NaN; never throws"),
     **_rules("total", "divide", "float division (x/0 = ±inf or NaN); Decimal operands are converted to Float64 first"),
-    **_rules("total", "round roundbankers floor ceil trunc truncate",
+    **_rules("total", "round roundbankers roundtoexp2 floor ceil ceiling trunc truncate",
              "rounding; the number of digits must be a constant"),
     **_rules("total", "sqrt cbrt pow power exp exp2 exp10 log ln log2 log10 log1p sin cos tan asin acos atan "
                       "pi e isfinite isinfinite isnan intdivorzero moduloorzero",
@@ -130,6 +130,17 @@ _CAST_TARGETS = {"toint8": "Int8", "toint16": "Int16", "toint32": "Int32", "toin
                  "tofloat32": "Float32", "tofloat64": "Float64", "todate": "Date", "todate32": "Date32",
                  "todatetime": "DateTime", "todatetime64": "DateTime64(3)", "tobool": "Bool"}
 _SAFE_FROM_NUMBER = ("Int", "UInt", "Float", "Date", "DateTime", "String")  # target families total from numbers
+# targets accurateCastOrNull converts without throwing (an Enum throws on an unknown name; composite
+# types cannot be Nullable)
+_NULLABLE_TARGETS = ("int", "uint", "float", "decimal", "date", "datetime", "string", "uuid", "ipv4", "ipv6", "bool",
+                     "text", "varchar", "char", "double", "real", "bigint", "smallint", "tinyint", "timestamp")
+
+
+def _check_target(target: str, where: str) -> None:
+    if not base_type(target).lower().startswith(_NULLABLE_TARGETS):
+        raise _reject(f"{where}: a conversion to {target} can throw on a value (an Enum on an unknown name) or "
+                      "cannot be made total; convert to a number, a date, a string or a UUID, or compare Enum "
+                      "columns with string constants")
 
 
 def _reject(msg: str) -> QueryRejected:
@@ -298,6 +309,9 @@ class _Totalizer:
         elif name in ("bitshiftleft", "bitshiftright"):
             v = _int_literal(args[1] if len(args) > 1 else node.args.get("expression"))
             need(v is not None and v >= 0, "the shift must be a constant ≥ 0")
+        elif name == "accuratecastornull" and args:
+            need(len(args) == 2 and _is_const_string(args[1]), "the type must be a constant string")
+            _check_target(args[1].this, where)
         elif name in ("round", "roundbankers", "floor", "ceil", "trunc", "truncate"):
             digits = args[1] if len(args) > 1 else (node.args.get("decimals") if not args else None)
             need(digits is None or _int_literal(digits) is not None, "the number of digits must be an integer constant")
@@ -348,6 +362,7 @@ class _Totalizer:
             return
         target = node.args["to"].sql(dialect="clickhouse") if isinstance(node, exp.Cast) else _CAST_TARGETS[name]
         tb = base_type(target)
+        _check_target(target, f"{name}()")
         if tb.startswith("Decimal"):
             node.replace(exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string("Float64")]))
             return
