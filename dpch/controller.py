@@ -35,7 +35,7 @@ from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
 from .rewrite import Rewritten, rewrite, rewrite_probe
-from .totality import make_total
+from .totality import make_total, make_total_templates
 from .typecheck import check_runs, expression_types
 
 
@@ -75,6 +75,7 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Pre
     bound = bind(parsed, entry)
     bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
     key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
+    bound = make_total_templates(bound, key_types)
     t2 = time.perf_counter()
     plan = make_plan(bound, eps, dlt, opts, key_types=key_types)
     t3 = time.perf_counter()

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 from sqlglot import exp
 
-from .bind import AggCall, BoundQuery, KeySpec, func_name, sql_of
+from .bind import BoundQuery, func_name, sql_of
 from .catalog import base_type
 from .errors import QueryRejected
 
@@ -58,7 +58,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     **_rules("total", "round roundbankers roundtoexp2 floor ceil ceiling trunc truncate",
              "rounding; the number of digits must be a constant"),
     **_rules("total", "sqrt cbrt pow power exp exp2 exp10 log ln log2 log10 log1p sin cos tan asin acos atan "
-                      "pi e isfinite isinfinite isnan intdivorzero moduloorzero",
+                      "pi e isfinite isinfinite isnan moduloorzero",
              "floating-point math returns NaN/inf outside its domain; the -OrZero forms return 0"),
     **_rules("total", "equals notequals less greater lessorequals greaterorequals and or not xor in notin "
                       "isnull isnotnull isnullable if multiif ifnull nullif coalesce case between is",
@@ -82,7 +82,9 @@ FUNCTION_RULES: dict[str, Rule] = {
     **_rules("total", "toint64orzero toint32orzero tofloat64orzero toint64ornull toint32ornull tofloat64ornull "
                       "tostringornull todateorzero todateornull todatetimeornull accuratecastornull",
              "the -OrZero/-OrNull conversions never throw"),
-    **_rules("rewrite", "intdiv", "intDiv throws on a zero divisor (and on INT_MIN / -1): becomes intDivOrZero"),
+    **_rules("rewrite", "intdiv intdivorzero",
+             "intDiv throws on a zero divisor, on INT_MIN / -1 and (intDivOrZero too) on a float quotient outside "
+             "Int64: becomes intDivOrZero(if(ok, a, 0), if(ok, b, 1)) with ok = abs(a / b) < 4.6e18"),
     **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
     **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
                         "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime todatetime64 tobool "
@@ -195,6 +197,46 @@ def _name(node: exp.Expression) -> str:
     return f"<{type(node).__name__}>"
 
 
+_INTDIV_LIMIT = "4.6e18"  # < 2^63 with room for float rounding of the quotient
+
+
+def _total_intdiv(x: exp.Expression, y: exp.Expression) -> exp.Expression:
+    """intDivOrZero(if(ok, x, 0), if(ok, y, 1)), ok = abs(x / y) < 4.6e18 (false for y = 0, NaN, inf):
+    the integer division only ever sees a quotient that fits Int64."""
+    ok = exp.LT(this=exp.Anonymous(this="abs", expressions=[exp.Div(this=exp.Paren(this=x.copy()),
+                                                                     expression=exp.Paren(this=y.copy()))]),
+                expression=exp.Literal.number(_INTDIV_LIMIT))
+    return exp.Anonymous(this="intDivOrZero", expressions=[
+        exp.If(this=ok.copy(), true=x.copy(), false=exp.Literal.number(0)),
+        exp.If(this=ok, true=y.copy(), false=exp.Literal.number(1))])
+
+
+# Output size of string functions relative to their largest input (an upper bound). A chain of
+# them multiplies; an expression whose bound exceeds MAX_GROWTH is rejected, because its cost
+# would then depend on the lengths of one unit's strings by more than a constant factor.
+MAX_GROWTH = 64
+_GROWTH = {"hex": 2.0, "concat": None, "concatwithseparator": None, "dpipe": None}  # None: number of arguments
+
+
+def _growth(node: exp.Expression) -> float:
+    name = _name(node)
+    children = [c for c in node.iter_expressions() if isinstance(c, exp.Expression)]
+    inner = max((_growth(c) for c in children), default=1.0)
+    if name in _GROWTH:
+        factor = _GROWTH[name] or float(max(1, len(children)))
+    elif name in ("replace", "replaceall", "replaceone"):
+        parts = [c for c in children if _is_const_string(c)]
+        needle = len(parts[0].this) if len(parts) >= 1 else 1
+        repl = len(parts[1].this) if len(parts) >= 2 else 1
+        factor = max(1.0, repl / max(1, needle))
+    elif name in ("replaceregexpall", "replaceregexpone", "regexpreplace"):
+        parts = [c for c in children if _is_const_string(c)]
+        factor = 1.0 + (len(parts[-1].this) if parts else 1)  # an empty match at every position
+    else:
+        factor = 1.0
+    return factor * inner
+
+
 def _conversion_arg(node: exp.Expression) -> exp.Expression:
     return node.expressions[0] if isinstance(node, exp.Anonymous) else node.this
 
@@ -230,6 +272,11 @@ class _Totalizer:
 
     # -- checks ---------------------------------------------------------------------------------
     def check(self, root: exp.Expression, where: str) -> None:
+        growth = _growth(root)
+        if growth > MAX_GROWTH:
+            raise _reject(f"{where}: the string functions in this expression can make its output {growth:.0f} times "
+                          f"larger than its input (more than {MAX_GROWTH}): its cost would depend on one unit's "
+                          "strings; nothing ran and nothing was charged")
         for node in root.walk():
             name = _name(node)
             if isinstance(node, exp.Var) and not isinstance(node.parent, (exp.DataType, exp.DataTypeParam)):
@@ -330,9 +377,9 @@ class _Totalizer:
         holder = exp.Paren(this=root)
         for node in list(holder.walk()):
             name = _name(node)
-            if name == "intdiv":
+            if name in ("intdiv", "intdivorzero"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
-                node.replace(exp.Anonymous(this="intDivOrZero", expressions=[x, y]))
+                node.replace(_total_intdiv(x, y))
             elif name in ("modulo", "mod"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.Mod) else node.expressions[:2]
                 node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
@@ -373,6 +420,37 @@ class _Totalizer:
             node.replace(exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string(target)]))
 
     # -- main -----------------------------------------------------------------------------------
+    def run_templates(self, b: BoundQuery, key_types: Sequence[str] | None) -> BoundQuery:
+        """Post-processing over released values (outputs, HAVING, ORDER BY): not private, but an
+        accepted query must not fail at run time either, so the same rules apply. Released
+        aggregates are numbers; keys have the engine's types."""
+        def types(sqls: Sequence[str]) -> list[str]:
+            out = []
+            for s in sqls:
+                s = s.strip('`"')
+                if s.startswith("__dp_a"):
+                    out.append("Float64")
+                elif s.startswith("__dp_k") and key_types is not None:
+                    out.append(key_types[int(s[len("__dp_k"):])])
+                else:
+                    out.append("String")  # unknown: the conservative total form
+            return out
+
+        sub = _Totalizer(b, types)
+        outputs = [o.template.copy() for o in b.outputs]
+        having = b.having.copy() if b.having is not None else None
+        order = [o.template.copy() for o in b.order]
+        roots = [("SELECT", t) for t in outputs] + ([("HAVING", having)] if having is not None else []) + \
+            [("ORDER BY", t) for t in order]
+        for where, root in roots:
+            sub.check(root, where)
+            sub.collect(root)
+        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([sql_of(_conversion_arg(n)) for n, _ in sub.pending]))}
+        new_outputs = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.outputs, outputs))
+        new_order = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.order, order))
+        new_having = sub.rewrite(having, arg_types) if having is not None else None
+        return replace(b, outputs=new_outputs, having=new_having, order=new_order)
+
     def run(self) -> BoundQuery:
         b = self.bound
         roots: list[tuple[str, exp.Expression]] = []
@@ -419,6 +497,12 @@ def make_total(bound: BoundQuery, types: TypesOf | None = None) -> BoundQuery:
     return _Totalizer(bound, types).run()
 
 
+def make_total_templates(bound: BoundQuery, key_types: Sequence[str] | None = None) -> BoundQuery:
+    """The same for the post-processing templates (outputs, HAVING, ORDER BY) over released
+    values; ``key_types`` are the GROUP BY keys' types."""
+    return _Totalizer(bound, None).run_templates(bound, key_types)
+
+
 def rules_table() -> str:
     """FUNCTION_RULES as a Markdown table (docs/CONTROLLER.md)."""
     by_why: dict[tuple[str, str], list[str]] = {}
@@ -430,4 +514,4 @@ def rules_table() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FUNCTION_RULES", "Rule", "make_total", "rules_table", "AggCall", "KeySpec"]
+__all__ = ["FUNCTION_RULES", "MAX_GROWTH", "Rule", "make_total", "make_total_templates", "rules_table"]

@@ -44,7 +44,8 @@ def test_every_allowed_function_has_a_totality_rule():
 
 
 @pytest.mark.parametrize("condition,expected", [
-    ("intDiv(1, qty) = 0", "intDivOrZero(1, qty)"),
+    ("intDiv(1, qty) = 0", "intDivOrZero(CASE WHEN abs((1) / (qty)) < 4.6e18 THEN 1 ELSE 0 END"),
+    ("intDivOrZero(amount * 1e12, 1) > 0", "CASE WHEN abs((amount * 1e12) / (1)) < 4.6e18"),
     ("qty % 3 = 0", "moduloOrZero(qty, 3)"),
     ("modulo(qty, qty) = 0", "moduloOrZero(qty, qty)"),
     ("toInt64(name) > 0", "accurateCastOrNull(name, 'Int64')"),
@@ -73,6 +74,8 @@ def test_total_functions_stay(condition, kept):
 
 @pytest.mark.parametrize("condition,match", [
     ("repeat(name, 3) = ''", "repeat"),
+    ("length(hex(hex(hex(hex(hex(hex(hex(name)))))))) > 0", "times larger"),
+    ("length(replaceAll(replaceAll(name, 'a', 'aaaaaaaaaa'), 'a', 'aaaaaaaaaa')) > 0", "times larger"),
     ("toFixedString(name, 3) = 'abc'", "tofixedstring"),
     ("levenshteinDistance(name, 'a') > 1", "levenshtein"),
     ("[1, 2][qty] = 1", "bracket"),
@@ -99,6 +102,16 @@ def test_total_functions_stay(condition, kept):
 def test_rejections_name_the_function_and_reason(condition, match):
     with pytest.raises(QueryRejected, match=match):
         total_where(condition)
+
+
+def test_post_processing_is_made_total_too():
+    sql = (f"SELECT COUNT(*) AS n, toInt64(toString(COUNT(*))) AS p, intDiv(100, COUNT(*)) AS d FROM {DB}.x "
+           f"HAVING toInt64(toString(n)) > 0 ORDER BY toInt64(n)")
+    b = totality.make_total_templates(totality.make_total(bind(parse(sql), _entry()), _types), [])
+    out = {o.name: sql_of(o.template) for o in b.outputs}
+    assert "accurateCastOrNull(toString(" in out["p"] and "intDivOrZero(" in out["d"]
+    assert "accurateCastOrNull" in sql_of(b.having)
+    assert sql_of(b.order[0].template).startswith("toInt64(")  # a released number: truncation stays
 
 
 def test_aggregate_arguments_conditions_and_keys_are_made_total():
