@@ -46,9 +46,18 @@ setup(
         "scikit-learn>=1.4",
         "matplotlib>=3.8",
         "tqdm>=4.66",
+        "starlette>=0.37",
+        "uvicorn>=0.29",
+        "argon2-cffi>=23.1",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4"],
+        # What the UDF program (`dpch-udf`, dpch/udf_entry.py -> dpch._udf_program) needs at run time
+        # beyond this package and its compiled extensions: nothing (no numpy either; checked by
+        # tests/test_packaging.py). The server image installs the package with `--no-deps`, so it
+        # gets exactly this extra's requirements and not the controller's (chDB, pandas, scikit-learn,
+        # matplotlib, ...). Keep this list in step with the Dockerfile.
+        "udf": [],
+        "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27"],
         "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
     },
     entry_points={"console_scripts": ["dpch=dpch.cli:main", "dpch-udf=dpch.udf_entry:main"]},

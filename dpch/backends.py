@@ -50,6 +50,11 @@ class EmbeddedBackend:
         try:
             self._session = chdb_session.Session(f"{data_dir / 'store'}?udf_path={udf_dir}")
         except Exception as exc:  # e.g. another process holds this store
+            from .datadir import store_in_use_error
+
+            in_use = store_in_use_error(data_dir)
+            if in_use is not None:
+                raise in_use from None
             raise BackendError(f"cannot open the embedded engine at {data_dir}: {exc}") from exc
         _install_sql_functions(self.command)
 
@@ -83,13 +88,35 @@ class EmbeddedBackend:
         self._run(sql, "CSV")
 
     def insert_df(self, table: str, df: pd.DataFrame) -> None:
+        self.command_on_data(f"INSERT INTO {table} SELECT * FROM Python(dpch_source)", df)
+
+    def command_on_data(self, sql: str, data, progress=None) -> None:
+        """Run ``sql`` that reads ``Python(dpch_source)``: a pandas DataFrame or Arrow table.
+        chDB resolves ``Python(name)`` from the calling frame's variables, so the frame variable is
+        bound here (no leading double underscore: inside a class that name would be mangled)."""
+        dpch_source = data  # noqa: F841
+        self._run_with_progress(sql, progress)
+
+    def command_with_progress(self, sql: str, progress=None) -> None:
+        """Run a statement; ``progress(read_bytes, total_bytes)`` is called as ClickHouse reads."""
+        self._run_with_progress(sql, progress)
+
+    def _run_with_progress(self, sql: str, progress) -> None:
         with self._lock:
+            conn = getattr(self._session, "_conn", None)
+            hook = progress is not None and hasattr(conn, "set_progress_callback")
+            if hook:
+                conn.set_progress_callback(
+                    lambda p: progress(int(p.get("read_bytes", 0)), int(p.get("total_bytes_to_read", 0))))
             try:
-                # chDB resolves Python(name) from the calling frame: bind the frame variable here.
-                __dpch_insert_df = df  # noqa: F841
-                self._session.query(f"INSERT INTO {table} SELECT * FROM Python(__dpch_insert_df)", "CSV")
+                # the frame variable of command_on_data must be visible from here: chDB walks up
+                # the stack to find it
+                self._session.query(sql, "CSV")
             except Exception as exc:
                 raise BackendError(str(exc)) from exc
+            finally:
+                if hook:
+                    conn.set_progress_callback(None)
 
     def close(self) -> None:
         with self._registry_lock:

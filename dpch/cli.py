@@ -8,11 +8,24 @@ import sys
 
 from .errors import DPCHError
 
-SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit"]
+SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit", "load", "serve", "users"]
+
+
+def package_version() -> str:
+    """The installed distribution's version (package metadata), else dpch.__version__."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("dpch")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpch", description="Differential Privacy for ClickHouse")
+    parser.add_argument("--version", action="version", version=f"dpch {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMAND_MODULES:

@@ -38,8 +38,29 @@ class Connection:
         self.backend.command(sql)
 
     def insert_df(self, table: str, df: pd.DataFrame) -> None:
-        """Insert a DataFrame into an existing table (trusted)."""
+        """Insert a DataFrame into an existing table (trusted); its columns must match the
+        table's, in order. To create a table from data, use `load`."""
         self.backend.insert_df(table, df)
+
+    def load(self, table: str, source, *, order_by=None, format: str | None = None,
+             if_exists: str = "fail", progress: bool | None = None):
+        """Create ``table`` from a pandas DataFrame, an Arrow table, or CSV/Parquet/JSON-lines
+        file(s) (a path, a glob or a list), with the schema ClickHouse infers; ``order_by`` (e.g.
+        the privacy unit column) becomes the non-Nullable sorting key. Trusted operation, charges
+        nothing; then register the table in the privacy catalog. Returns a `dpch.load.LoadResult`.
+        See `dpch.load.load` for ``format``, ``if_exists`` and ``progress``."""
+        from .load import load
+
+        return load(self, table, source, order_by=order_by, format=format, if_exists=if_exists,
+                    progress=progress)
+
+    def remaining(self, dataset: str, analyst: str | None = None):
+        """This analyst's budget on ``dataset`` in the administrator's units: the ε still available
+        at the budget's δ, for every accountant (see `dpch.budget_units`). ``str()`` of the result
+        is one line, e.g. "remaining ε = 0.8 at δ = 1e-06 (zcdp: ρ left 0.01 of 0.02)"."""
+        from .budget_units import report_for
+
+        return report_for(self.ledger, analyst or self.analyst, dataset)
 
     # -- privacy catalog and ledger (lazy: only the controller paths need them) -----------------
     @property

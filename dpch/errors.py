@@ -27,3 +27,7 @@ class CatalogError(DPCHError):
 
 class BackendError(DPCHError):
     """The ClickHouse engine (embedded or server) failed to run a statement."""
+
+
+class DataDirInUse(BackendError):
+    """Another process holds the embedded engine's data directory (chDB: one process per store)."""

@@ -14,6 +14,9 @@
   ``columns[name]`` = kind ("key", "aggregate", "derived", "constant"), aggregate, mechanism,
   noise_scale (in value units), sensitivity, epsilon, delta, ci_level, ci_low, ci_high (lists);
   plus epsilon, delta (charged), receipt, table, key_mode, selection, sql (salt masked);
+- copies the main facts to flat keys of ``df.attrs`` (`FLAT_KEYS`: ``epsilon_spent``,
+  ``delta_spent``, ``rho_spent``, ``dataset``, ``receipt``, ``mechanism``, ``noise_scale``,
+  ``ci_level``, ``ci_low``, ``ci_high``), next to the nested ``df.attrs["dpch"]``;
 - with ``with_ci=True``, adds columns ``<name>_ci_low`` and ``<name>_ci_high`` after each
   aggregate column.
 """
@@ -177,7 +180,45 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         "sql": rewritten.display_sql,
         "controller_ms": controller_ms,
     }
+    out.attrs.update(flat_attrs(out.attrs["dpch"], getattr(plan.cost, "rho", None)))
     return out
+
+
+#: The flat keys of a result's ``df.attrs`` (docs/CONTROLLER.md, "Result metadata").
+FLAT_KEYS = ("epsilon_spent", "delta_spent", "rho_spent", "dataset", "receipt", "mechanism", "noise_scale",
+             "ci_level", "ci_low", "ci_high")
+
+
+def flat_attrs(meta: dict, rho: float | None = None) -> dict[str, Any]:
+    """The flat view of the nested metadata: one key per fact, per-column facts as {column: value}.
+    ``noise_scale`` is b (Laplace) or σ (Gaussian) in value units; for AVG/VAR/STDDEV, which combine
+    several noisy releases, it is {component: scale}."""
+    mechanism, scale, lo, hi = {}, {}, {}, {}
+    for name, info in meta["columns"].items():
+        if info.get("kind") != "aggregate":
+            continue
+        mechanism[name] = info.get("mechanism")
+        if "noise_scale" in info:
+            scale[name] = info["noise_scale"]
+        else:
+            scale[name] = {role: c.get("noise_scale") for role, c in info.get("components", {}).items()}
+        lo[name], hi[name] = info.get("ci_low"), info.get("ci_high")
+    return {"epsilon_spent": meta["epsilon"], "delta_spent": meta["delta"], "rho_spent": rho,
+            "dataset": meta["table"], "receipt": meta["receipt"], "mechanism": mechanism,
+            "noise_scale": scale, "ci_level": meta["confidence"], "ci_low": lo, "ci_high": hi}
+
+
+def spend_summary(df: pd.DataFrame) -> str:
+    """One line: what the query spent, on which dataset, with which mechanisms."""
+    a = df.attrs
+    if "epsilon_spent" not in a:
+        return "no DPCH metadata on this result"
+    from .accounting import _fmt
+
+    cost = f"ε = {_fmt(a['epsilon_spent'])}" + (f", δ = {_fmt(a['delta_spent'])}" if a.get("delta_spent") else "")
+    mechs = ", ".join(f"{c}: {m}" for c, m in a.get("mechanism", {}).items())
+    return (f"DP answer on {a.get('dataset')}: spent {cost} (receipt {a.get('receipt')})"
+            + (f"; noise {mechs}" if mechs else "") + f"; {round(100 * a['ci_level'])}% intervals available")
 
 
 def result_metadata(df: pd.DataFrame) -> dict:

@@ -331,3 +331,21 @@ def test_switch_to_declared_accountant_checks_every_recorded_query(ledger):
         ledger.set_budget("alice", "purchases", 5.0, accountant="optimal", max_queries=20, per_query_epsilon=0.1)
     ledger.set_budget("alice", "purchases", 5.0, accountant="optimal", max_queries=20, per_query_epsilon=0.2)
     assert ledger.remaining("alice", "purchases").remaining.queries == 18
+
+
+def test_zcdp_refusal_states_epsilon_at_the_budgets_delta(ledger):
+    """A zCDP refusal also speaks in the administrator's units: ε at the budget's δ, converted with
+    the accountant's own zcdp_to_dp (checked here against that function directly)."""
+    from dpch.accounting import zcdp_to_dp
+
+    ledger.set_budget("z", "d", 1.0, 1e-5, "zcdp")
+    rho_b = ledger.remaining("z", "d").remaining.rho
+    sigma = math.sqrt(1 / (2 * rho_b * 2))  # ρ = 2·ρ_B: twice the budget
+    with pytest.raises(BudgetExceeded) as info:
+        ledger.charge("z", "d", q(gauss(sigma)), "too much")
+    msg = str(info.value)
+    assert "In ε at δ = 1e-05: the query needs ε = " in msg
+    needs = float(msg.split("the query needs ε = ")[1].split(",")[0])
+    assert needs == pytest.approx(zcdp_to_dp(2 * rho_b, 1e-5), rel=1e-5)
+    remains = float(msg.split(", ε = ")[1].split(" remains")[0])
+    assert remains == pytest.approx(1.0, rel=1e-5)  # nothing spent: the whole ε = 1 at δ = 1e-5

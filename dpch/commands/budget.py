@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..accounting import ACCOUNTANTS, _fmt, get_accountant
+from ..budget_units import budget_report, report_for
 from ..errors import InvalidParameter
 from ..ledger import Ledger, default_ledger_path
 
@@ -142,12 +143,14 @@ def _cmd_set(args) -> int:
               "per_query_delta": args.per_query_delta, "gamma": args.gamma, "mechanism_delta": args.mechanism_delta}
     with _open(args, create=True) as ledger:
         b = ledger.set_budget(args.analyst, args.dataset, args.epsilon, args.delta, args.accountant, **params)
+        report = report_for(ledger, args.analyst, args.dataset)
         status = ledger.remaining(args.analyst, args.dataset)
     extra = ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in b.params().items()
                       if v is not None and not (k == "per_query_delta" and v == 0))
     print(f"budget set: analyst {b.analyst} on dataset {b.dataset}: ε={_fmt(b.epsilon)}, δ={_fmt(b.delta)}, "
           f"accountant {b.accountant}" + (f" ({extra})" if extra else ""))
-    print(f"remaining: {status.remaining.describe()}")
+    print(report)
+    print(f"in the accountant's own terms: {status.remaining.describe()}")
     return 0
 
 
@@ -155,18 +158,23 @@ def _cmd_show(args) -> int:
     with _open(args) as ledger:
         statuses = [s for s in ledger.budgets()
                     if (args.analyst is None or s.analyst == args.analyst) and (args.dataset is None or s.dataset == args.dataset)]
+        charges = ledger.history(args.analyst, args.dataset) if statuses else []
+    reports = [budget_report(s, [r.effective_cost() for r in charges if (r.analyst, r.dataset, r.generation)
+                                 == (s.analyst, s.dataset, s.generation)]) for s in statuses]
     if not statuses:
         print("no budgets" + (" match" if args.analyst or args.dataset else " set"))
         return 0
     rows = []
-    for s in statuses:
+    for s, rep in zip(statuses, reports):
         b = s.budget
         rows.append([s.analyst, s.dataset, b.accountant, _fmt(b.epsilon), _fmt(b.delta),
-                     _fmt(s.spent.epsilon), _fmt(s.spent.delta), _fmt(s.remaining.epsilon), _fmt(s.remaining.delta),
+                     _fmt(s.spent.epsilon), _fmt(s.spent.delta), _fmt(rep.epsilon_left), _fmt(rep.delta_at),
                      "-" if s.spent.rho is None else f"{_fmt(s.spent.rho)}/{_fmt(get_accountant(b.accountant).limits(b).rho)}",
                      str(s.queries) + ("" if b.max_queries is None else f"/{b.max_queries}")])
-    print(_table(["analyst", "dataset", "accountant", "ε", "δ", "ε spent", "δ spent", "ε left", "δ left", "ρ spent/budget",
+    print(_table(["analyst", "dataset", "accountant", "ε", "δ", "ε spent", "δ spent", "ε left", "at δ", "ρ spent/budget",
                   "queries"], rows))
+    for rep in reports:
+        print(f"{rep.analyst} on {rep.dataset}: {rep}")
     return 0
 
 
@@ -228,8 +236,8 @@ def _cmd_reset(args) -> int:
     with _open(args) as ledger:
         ledger.reset(args.analyst, args.dataset, confirm=True)
         status = ledger.remaining(args.analyst, args.dataset)
-    print(f"budget reset: analyst {args.analyst} on dataset {args.dataset} (generation {status.generation}); "
-          f"remaining {status.remaining.describe()}")
+        report = report_for(ledger, args.analyst, args.dataset)
+    print(f"budget reset: analyst {args.analyst} on dataset {args.dataset} (generation {status.generation}); {report}")
     return 0
 
 

@@ -99,11 +99,27 @@ def _print_df(df, fmt: str, with_ci: bool) -> None:
         print(df.to_json(orient="records"))
     else:
         print(df.to_string(index=False))
-    meta = df.attrs.get("dpch", {})
-    if fmt == "table" and meta:
-        print(f"-- cost: epsilon={meta.get('epsilon'):.6g} delta={meta.get('delta'):.3g} "
-              f"(receipt {meta.get('receipt')}); CIs at level {meta.get('confidence')}"
-              + ("" if with_ci else " in df.attrs (use --ci to show)"), file=sys.stderr)
+    if "epsilon_spent" not in df.attrs:
+        return
+    from dpch.postprocess import spend_summary
+
+    line = spend_summary(df)
+    if not with_ci:
+        line = line.replace("intervals available", "intervals: add --ci")
+    # the table gets its summary under it; csv/json keep stdout machine-readable
+    print(line if fmt == "table" else f"dpch: {line}", file=sys.stdout if fmt == "table" else sys.stderr)
+
+
+def _print_remaining(db, df) -> None:
+    from dpch.errors import DPCHError
+
+    dataset = df.attrs.get("dataset")
+    if not dataset:
+        return
+    try:
+        print(f"budget of {db.analyst} on {dataset}: {db.remaining(dataset)}", file=sys.stderr)
+    except DPCHError:
+        pass
 
 
 def cmd_query(args) -> int:
@@ -112,6 +128,7 @@ def cmd_query(args) -> int:
     with _connect(args) as db:
         df = db.query(args.sql, epsilon=args.epsilon, delta=args.delta, **opts)
         _print_df(df, args.format, args.ci)
+        _print_remaining(db, df)
     return 0
 
 

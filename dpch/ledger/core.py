@@ -217,9 +217,18 @@ class Ledger:
         who = f"analyst {row.analyst!r} on dataset {row.dataset!r}"
         if d.needs is None:
             return QueryRejected(f"the ledger refused the query for {who}: {d.reason}. Nothing ran and nothing was charged")
+        in_eps = ""
+        if row.accountant == "zcdp" and d.needs.rho is not None and d.remaining is not None \
+                and d.remaining.rho is not None:
+            from ..accounting import zcdp_to_dp  # the accountant's own conversion (CKS20 Prop 12)
+
+            budget = row.budget()
+            at = budget.delta - (budget.mechanism_delta or 0.0)
+            in_eps = (f" In ε at δ = {_fmt(at)}: the query needs ε = {_fmt(zcdp_to_dp(d.needs.rho, at))}, "
+                      f"ε = {_fmt(zcdp_to_dp(max(0.0, d.remaining.rho), at))} remains.")
         return BudgetExceeded(
             f"privacy budget exceeded for {who} (accountant {row.accountant}): {d.reason}. "
-            f"The query needs {d.needs.describe()}; remaining: {d.remaining.describe()}. "
+            f"The query needs {d.needs.describe()}; remaining: {d.remaining.describe()}.{in_eps} "
             f"Nothing ran and nothing was charged")
 
     def mark(self, receipt: Receipt, outcome: str) -> None:
