@@ -87,7 +87,7 @@ FUNCTION_RULES: dict[str, Rule] = {
              "Int64: becomes intDivOrZero(if(ok, a, 0), if(ok, b, 1)) with ok = abs(a / b) < 4.6e18"),
     **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
     **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
-                        "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime todatetime64 tobool "
+                        "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime tobool "
                         "tounixtimestamp",
              "a conversion of a String (parse) or to an Enum/UUID/Bool can throw on a value: becomes "
              "accurateCastOrNull(x, 'T'); numeric-to-numeric and numeric-to-date conversions are total as they are"),
@@ -117,11 +117,13 @@ FUNCTION_RULES: dict[str, Rule] = {
              "quadratic cost in the strings' lengths (a timing channel) and a length limit that throws"),
     **_rules("reject", "bracket arrayelement slice", "array subscripts throw on index 0; use has()/indexOf()"),
     **_rules("reject", "gcd lcm positivemodulo", "they throw on some values (INT_MIN, zero)"),
+    **_rules("reject", "todatetime64", "DateTime64 is a Decimal: its arithmetic throws on overflow; use toDateTime"),
     **_rules("reject", "strtodate strtotime parsedatetime", "parsing throws on malformed text; use toDateOrNull"),
 }
 
-_UNITS = {"NANOSECOND", "MICROSECOND", "MILLISECOND", "SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH",
-          "QUARTER", "YEAR"}
+# sub-second units are missing on purpose: they turn a DateTime into a DateTime64 (a Decimal), whose
+# arithmetic throws on overflow
+_UNITS = {"SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "QUARTER", "YEAR"}
 _UNITS |= {u + "S" for u in _UNITS}
 _MAX_PAD = 10_000
 _MAX_OFFSET = 2 ** 31
@@ -130,15 +132,19 @@ _CAST_TARGETS = {"toint8": "Int8", "toint16": "Int16", "toint32": "Int32", "toin
                  "toint128": "Int128", "toint256": "Int256", "touint8": "UInt8", "touint16": "UInt16",
                  "touint32": "UInt32", "touint64": "UInt64", "touint128": "UInt128", "touint256": "UInt256",
                  "tofloat32": "Float32", "tofloat64": "Float64", "todate": "Date", "todate32": "Date32",
-                 "todatetime": "DateTime", "todatetime64": "DateTime64(3)", "tobool": "Bool"}
+                 "todatetime": "DateTime", "tobool": "Bool"}
 _SAFE_FROM_NUMBER = ("Int", "UInt", "Float", "Date", "DateTime", "String")  # target families total from numbers
 # targets accurateCastOrNull converts without throwing (an Enum throws on an unknown name; composite
 # types cannot be Nullable)
 _NULLABLE_TARGETS = ("int", "uint", "float", "decimal", "date", "datetime", "string", "uuid", "ipv4", "ipv6", "bool",
                      "text", "varchar", "char", "double", "real", "bigint", "smallint", "tinyint", "timestamp")
+_DECIMAL_TARGETS = ("datetime64", "timestamp")  # Decimal-based: rejected as conversion targets
 
 
 def _check_target(target: str, where: str) -> None:
+    if base_type(target).lower().startswith(_DECIMAL_TARGETS):
+        raise _reject(f"{where}: a conversion to {target} gives a Decimal-based DateTime64, whose arithmetic throws "
+                      "on overflow; convert to DateTime")
     if not base_type(target).lower().startswith(_NULLABLE_TARGETS):
         raise _reject(f"{where}: a conversion to {target} can throw on a value (an Enum on an unknown name) or "
                       "cannot be made total; convert to a number, a date, a string or a UUID, or compare Enum "
@@ -385,11 +391,15 @@ class _Totalizer:
                 node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
             elif id(node) in arg_types:
                 self._conversion(node, name, arg_types[id(node)])
-        for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic throws: compute in Float64
+        for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic and casts throw: Float64
             typ = base_type(self.entry.columns.get(col.name, ""))
-            if typ.startswith("Decimal") and isinstance(col.parent, (exp.Binary, exp.Neg, exp.Func)) \
-                    and not isinstance(col.parent, (exp.Predicate, exp.Cast)):
+            under = isinstance(col.parent, (exp.Binary, exp.Neg, exp.Func, exp.Interval)) \
+                and not isinstance(col.parent, exp.Predicate)
+            if typ.startswith("Decimal") and under:
                 col.replace(exp.Anonymous(this="toFloat64", expressions=[col.copy()]))
+            elif typ.startswith("DateTime64") and under:
+                raise _reject(f"column {col.name!r} is a DateTime64 (a Decimal): arithmetic and conversions on it "
+                              "throw on overflow; compare it with constants or group by it as it is")
         return holder.this
 
     def _conversion(self, node: exp.Expression, name: str, arg_type: str) -> None:
