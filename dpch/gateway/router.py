@@ -1,0 +1,232 @@
+"""One query through the gateway, on the engine thread:
+
+    SQL ─► parse (sqlglot, one statement) ─► FORMAT / SETTINGS taken out ─► route:
+        SHOW / DESCRIBE / EXISTS / constants / system.{settings,databases,tables,columns}
+            ─► dpch.gateway.metadata (answered from the catalog, nothing reaches the engine)
+        SELECT on catalogued tables calling dp_*()  ─► dpch.dp_functions ─► controller.run_query
+        SELECT on catalogued tables + dpch_epsilon ─► controller.run_query
+        anything else ─► ACCESS_DENIED
+    ─► DataFrame of released values ─► dpch.gateway.formats (ClickHouse's formatters)
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+import sqlglot
+from sqlglot import exp
+
+from .. import dp_functions
+from ..errors import InvalidParameter
+from . import metadata
+from .formats import resolve_format
+from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
+                     from_dpch)
+
+_TRAILING_FORMAT = re.compile(r"(?is)\s+FORMAT\s+([A-Za-z0-9_]+)\s*;?\s*$")
+_DENIED_DATABASES = {"system", "information_schema", "dpch_meta"}
+DP_SETTING_NAMES = {n for n, *_ in metadata.DP_SETTINGS}
+
+
+@dataclass
+class Answer:
+    df: pd.DataFrame
+    kind: str  # metadata | dp | dp_functions
+    fmt: str | None  # FORMAT clause, if any
+    meta: dict = field(default_factory=dict)
+
+
+def _setting_value(node: exp.Expression) -> str:
+    neg = False
+    while isinstance(node, (exp.Neg, exp.Paren)):
+        neg = not neg if isinstance(node, exp.Neg) else neg
+        node = node.this
+    if isinstance(node, exp.Literal):
+        return ("-" if neg else "") + str(node.this)
+    if isinstance(node, (exp.Column, exp.Identifier, exp.Var)) and not neg:
+        return node.name
+    if isinstance(node, exp.Boolean):
+        return "1" if node.this else "0"
+    raise GatewayError(DPCH_INVALID_PARAMETER, "SETTINGS values must be literals")
+
+
+def query_settings(tree: exp.Expression) -> dict[str, str]:
+    """The dpch_* settings of a SETTINGS clause (removed from the tree); any other setting is refused."""
+    items = tree.args.get("settings") or []
+    out: dict[str, str] = {}
+    for item in items:
+        if not isinstance(item, exp.EQ) or not isinstance(item.this, (exp.Column, exp.Identifier)):
+            raise GatewayError(ACCESS_DENIED, "malformed SETTINGS clause")
+        name = item.this.name
+        if name.lower() not in DP_SETTING_NAMES:
+            raise GatewayError(ACCESS_DENIED, f"setting {name[:64]!r} cannot be changed through the gateway; "
+                               f"only {', '.join(sorted(DP_SETTING_NAMES))} are accepted")
+        out[name.lower()] = _setting_value(item.expression)
+    if items:
+        tree.set("settings", None)
+    return out
+
+
+@dataclass
+class DPOptions:
+    epsilon: float | None = None
+    delta: float = 0.0
+    mechanism: str = "auto"
+    with_ci: bool = False
+    confidence: float | None = None
+
+    @classmethod
+    def from_settings(cls, s: dict[str, str]) -> "DPOptions":
+        o = cls()
+
+        def num(name):
+            try:
+                v = float(s[name])
+            except ValueError:
+                raise GatewayError(DPCH_INVALID_PARAMETER, f"{name} must be a number") from None
+            if not math.isfinite(v):
+                raise GatewayError(DPCH_INVALID_PARAMETER, f"{name} must be finite")
+            return v
+
+        if s.get("dpch_epsilon", "") != "":
+            o.epsilon = num("dpch_epsilon")
+        if s.get("dpch_delta", "") != "":
+            o.delta = num("dpch_delta")
+        if s.get("dpch_mechanism"):
+            o.mechanism = s["dpch_mechanism"].lower()
+            if o.mechanism not in ("auto", "laplace", "gaussian"):
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_mechanism must be auto, laplace or gaussian")
+        if s.get("dpch_with_ci", "") != "":
+            v = s["dpch_with_ci"].lower()
+            if v not in ("0", "1", "true", "false"):
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_with_ci must be 0 or 1")
+            o.with_ci = v in ("1", "true")
+        if s.get("dpch_confidence", "") != "":
+            o.confidence = num("dpch_confidence")
+        return o
+
+
+def _parse(sql: str) -> list[exp.Expression]:
+    try:
+        trees = [t for t in sqlglot.parse(sql, read="clickhouse") if t is not None]
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError, RecursionError):
+        raise GatewayError(SYNTAX_ERROR, "Syntax error: the query cannot be parsed") from None
+    return trees
+
+
+def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
+           default_format: str | None = None) -> Answer:
+    """Route and answer one query (called on the engine thread)."""
+    if not sql.strip():
+        raise GatewayError(SYNTAX_ERROR, "Empty query")
+    if len(_split_statements(sql)) > 1:
+        raise GatewayError(SYNTAX_ERROR, "Multi-statements are not allowed")
+    ctx = metadata.Context(user=user, database=database, catalog_entries=gw.catalog_entries())
+    # SHOW / DESCRIBE / EXISTS / USE
+    m = _TRAILING_FORMAT.search(sql)
+    bare, fmt = (sql[:m.start()], m.group(1)) if m else (sql, None)
+    if re.match(r"(?is)\s*(show|describe|desc|exists|use)\b", bare):
+        fmt = resolve_format(fmt or default_format)
+        df = metadata.answer_statement(bare, ctx)
+        if df is None:
+            raise GatewayError(ACCESS_DENIED, "this statement is not available through the DP gateway")
+        return Answer(df, "metadata", fmt)
+    trees = _parse(sql)
+    if len(trees) != 1:
+        raise GatewayError(SYNTAX_ERROR, "Multi-statements are not allowed" if trees else "Empty query")
+    tree = trees[0]
+    if not isinstance(tree, exp.Select):
+        raise GatewayError(ACCESS_DENIED, f"{type(tree).__name__.upper()} statements are not allowed: the gateway "
+                           "answers DP SELECT queries and metadata queries only")
+    fmt_node = tree.args.get("format")
+    fmt = None
+    if fmt_node is not None:
+        fmt = fmt_node.name if hasattr(fmt_node, "name") and fmt_node.name else fmt_node.sql("clickhouse")
+        tree.set("format", None)
+    fmt = resolve_format(fmt or default_format)  # before anything is charged
+    settings = dict(url_settings)
+    settings.update(query_settings(tree))
+    for t in tree.find_all(exp.Table):
+        if not isinstance(t.this, exp.Identifier):
+            raise GatewayError(ACCESS_DENIED, "table functions are not allowed")
+    if metadata.is_constant_select(tree):
+        if any(True for _ in tree.find_all(exp.Subquery, exp.Select)) and list(tree.find_all(exp.Select))[1:]:
+            raise GatewayError(ACCESS_DENIED, "subqueries are not allowed here")
+        return Answer(metadata.answer_constant_select(tree, ctx), "metadata", fmt)
+    vname = metadata.virtual_table_name(tree)
+    if vname is not None:
+        return Answer(metadata.answer_virtual_select(tree, vname, ctx), "metadata", fmt)
+    catalogued = {e.table for e in ctx.catalog_entries}
+    for t in tree.find_all(exp.Table):
+        db = t.db or database
+        if db.lower() in _DENIED_DATABASES or f"{db}.{t.name}" not in catalogued:
+            raise GatewayError(ACCESS_DENIED, f"table {db}.{t.name} is not in the privacy catalog "
+                               "(or does not exist); only catalogued tables can be queried, with DP")
+        if not t.db:
+            t.set("db", exp.to_identifier(db))
+    opts = DPOptions.from_settings(settings)
+    conn = gw.connection(user)
+    try:
+        if dp_functions.has_dp_calls(tree):
+            rw = dp_functions.rewrite_dp_functions(tree, extra_delta=opts.delta)
+            df = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence)
+            kind = "dp_functions"
+        else:
+            if opts.epsilon is None:
+                raise GatewayError(DPCH_MISSING_EPSILON, "this query needs a privacy budget: add SETTINGS "
+                                   "dpch_epsilon = <ε> (and dpch_delta for Gaussian noise or private groups), "
+                                   "pass dpch_epsilon as a URL parameter or client setting, or call dp_count(ε), "
+                                   "dp_sum(x, lo, hi, ε), dp_avg(x, lo, hi, ε)")
+            o: dict = {"mechanism": opts.mechanism, "with_ci": opts.with_ci}
+            if opts.confidence is not None:
+                o["confidence"] = opts.confidence
+            from ..controller import run_query
+
+            df = run_query(conn, tree.sql("clickhouse"), epsilon=opts.epsilon, delta=opts.delta, **o)
+            kind = "dp"
+    except GatewayError:
+        raise
+    except InvalidParameter as exc:
+        raise from_dpch(exc) from None
+    except Exception as exc:  # noqa: BLE001 - mapped to a data-free message
+        raise from_dpch(exc) from None
+    meta = df.attrs.get("dpch", {}) if hasattr(df, "attrs") else {}
+    return Answer(df, kind, fmt, {"epsilon": meta.get("epsilon"), "delta": meta.get("delta"),
+                                  "receipt": meta.get("receipt"), "dataset": meta.get("table")})
+
+
+def _split_statements(sql: str) -> list[str]:
+    """Statements separated by ';' outside quotes and comments (a trailing ';' is allowed)."""
+    parts, buf, i, n = [], [], 0, len(sql)
+    quote = None
+    while i < n:
+        c = sql[i]
+        if quote:
+            buf.append(c)
+            if c == "\\" and i + 1 < n:
+                buf.append(sql[i + 1])
+                i += 2
+                continue
+            if c == quote:
+                quote = None
+        elif c in "'\"`":
+            quote = c
+            buf.append(c)
+        elif sql.startswith("--", i) or c == "#":
+            j = sql.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+            continue
+        elif c == ";":
+            parts.append("".join(buf))
+            buf = []
+        else:
+            buf.append(c)
+        i += 1
+    parts.append("".join(buf))
+    return [p for p in parts if p.strip()]

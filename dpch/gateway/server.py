@@ -1,0 +1,301 @@
+"""The gateway process: a Starlette app served by uvicorn.
+
+- The event loop does HTTP only: parameters, body (size- and time-limited), credentials.
+- Password checks run on a small thread pool (argon2 is slow on purpose).
+- Everything that touches the engine (the catalog, the controller with its ledger charge, the
+  formatters) runs on ONE dedicated engine thread, so chDB never sees concurrent queries and
+  ``/ping`` never waits behind a query.
+- The ledger and the user store live in the data directory; the identity charged is the
+  authenticated user, through a per-user ``Connection`` that shares the one backend and ledger path.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..users import UserStore
+from . import formats
+from .accesslog import AccessLog
+from .auth import auth_failed, credentials
+from .errors import (BAD_ARGUMENTS, CANNOT_PARSE_INPUT, TIMEOUT, TOO_LARGE_REQUEST, TOO_MANY_SIMULTANEOUS_QUERIES,
+                     UNSUPPORTED_METHOD, GatewayError, from_dpch)
+from .router import DP_SETTING_NAMES, answer
+
+log = logging.getLogger("dpch.gateway")
+
+# URL parameters that are not settings (transport), or settings the gateway accepts and ignores
+TRANSPORT_PARAMS = {"query", "user", "password", "database", "default_format", "query_id", "session_id",
+                    "session_timeout", "session_check", "compress", "decompress", "wait_end_of_query",
+                    "buffer_size", "enable_http_compression", "send_progress_in_http_headers",
+                    "http_headers_progress_interval_ms", "client_protocol_version", "quota_key", "role",
+                    "http_zlib_compression_level", "max_result_rows", "max_result_bytes", "result_overflow_mode",
+                    "extremes", "readonly", "max_execution_time", "date_time_input_format",
+                    "cast_string_to_dynamic_use_inference", "date_time_output_format", "log_comment"}
+
+
+@dataclass
+class GatewayConfig:
+    data_dir: Path
+    backend_url: str | None = None
+    backend_user: str = "default"
+    backend_password: str = ""
+    max_body_bytes: int = 1 << 20
+    body_timeout: float = 10.0
+    max_queued: int = 64
+    access_log: str | None = None  # path, "-" for stderr; default <data dir>/access.log
+
+
+class Gateway:
+    """State shared by requests. Engine-bound methods must run on the engine thread."""
+
+    def __init__(self, cfg: GatewayConfig):
+        self.cfg = cfg
+        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpch-engine")
+        self.auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpch-auth")
+        self.users = UserStore(cfg.data_dir)
+        self.access = AccessLog(cfg.access_log if cfg.access_log else str(cfg.data_dir / "access.log"))
+        self.backend = None
+        self.renderer = None
+        self.ledger = None
+        self._conns: dict = {}
+        self._catalog = None
+        self.queued = 0
+
+    # -- engine thread -----------------------------------------------------------------------
+    def _open(self) -> None:
+        from ..backends import EmbeddedBackend, ServerBackend
+        from ..catalog import Catalog
+        from ..ledger import Ledger
+
+        cfg = self.cfg
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.backend_url:
+            self.backend = ServerBackend(cfg.backend_url, user=cfg.backend_user, password=cfg.backend_password)
+        else:
+            self.backend = EmbeddedBackend.open(cfg.data_dir)
+        self.ledger = Ledger(cfg.data_dir / "ledger.sqlite")  # verifies; fails the start if broken
+        self.renderer = formats.Renderer(self.backend)
+        self._catalog = Catalog(self.backend)
+        self._catalog.list()
+
+    def _close(self) -> None:
+        for c in self._conns.values():
+            if c._ledger is not None:
+                c._ledger.close()
+        self._conns.clear()
+        if self.ledger is not None:
+            self.ledger.close()
+        if self.backend is not None:
+            self.backend.close()
+
+    def catalog_entries(self):
+        return self._catalog.list()
+
+    def connection(self, user: str):
+        from ..connection import Connection
+
+        conn = self._conns.get(user)
+        if conn is None:
+            conn = Connection(self.backend, analyst=user, data_dir=self.cfg.data_dir,
+                              ledger_path=self.cfg.data_dir / "ledger.sqlite")
+            self._conns[user] = conn
+        return conn
+
+    async def on_engine(self, fn, *args):
+        if self.queued >= self.cfg.max_queued:
+            raise GatewayError(TOO_MANY_SIMULTANEOUS_QUERIES, "too many queries are waiting; try again later")
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.engine, fn, *args)
+        finally:
+            self.queued -= 1
+
+    async def startup(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.engine, self._open)
+
+    async def shutdown(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.engine, self._close)
+        self.engine.shutdown(wait=True)
+        self.auth_pool.shutdown(wait=True)
+        self.access.close()
+
+    # -- one query, on the engine thread -------------------------------------------------------
+    def run(self, user, sql, dp_settings, out_settings, database, default_format):
+        ans = answer(self, user, sql, dp_settings, database, default_format)
+        fmt = ans.fmt
+        body = self.renderer.render(ans.df, fmt, out_settings)
+        return ans, fmt, body
+
+
+def _params(request: Request) -> dict[str, str]:
+    raw = request.scope.get("query_string", b"")
+    try:
+        text = raw.decode("ascii")
+        pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=1000)
+    except (UnicodeDecodeError, ValueError):
+        raise GatewayError(CANNOT_PARSE_INPUT, "the URL parameters are not valid (percent-encoded UTF-8 expected)") from None
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        out[k] = v
+    return out
+
+
+async def _read_body(request: Request, cfg: GatewayConfig) -> bytes:
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            n = int(cl)
+        except ValueError:
+            raise GatewayError(BAD_ARGUMENTS, "invalid Content-Length") from None
+        if n > cfg.max_body_bytes:
+            raise GatewayError(TOO_LARGE_REQUEST, f"request body too large ({n} bytes; the limit is {cfg.max_body_bytes})")
+    if request.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+        raise GatewayError(BAD_ARGUMENTS, "compressed request bodies are not supported")
+    chunks, size = [], 0
+
+    async def read():
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cfg.max_body_bytes:
+                raise GatewayError(TOO_LARGE_REQUEST, f"request body too large (limit {cfg.max_body_bytes} bytes)")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout=cfg.body_timeout)
+    except asyncio.TimeoutError:
+        raise GatewayError(TIMEOUT, f"the request body did not arrive within {cfg.body_timeout:g} s") from None
+    return b"".join(chunks)
+
+
+def _error_response(err: GatewayError, query_id: str | None = None) -> Response:
+    headers = err.headers()
+    if query_id:
+        headers["X-ClickHouse-Query-Id"] = query_id
+    return Response(err.body(), status_code=err.status, headers=headers, media_type="text/plain; charset=UTF-8")
+
+
+def build_app(cfg: GatewayConfig) -> Starlette:
+    gw = Gateway(cfg)
+
+    async def ping(request: Request) -> Response:
+        return Response(b"Ok.\n", media_type="text/plain; charset=UTF-8")
+
+    async def query(request: Request) -> Response:
+        t0 = time.perf_counter()
+        query_id = None
+        user = None
+        kind = "error"
+        sql_hash = None
+        try:
+            params = _params(request)
+            query_id = (params.get("query_id") or request.headers.get("x-clickhouse-query-id") or str(uuid.uuid4()))[:128]
+            if request.method not in ("GET", "POST"):
+                raise GatewayError(UNSUPPORTED_METHOD, f"HTTP method {request.method} is not supported")
+            body = await _read_body(request, cfg) if request.method == "POST" else b""
+            user, password = credentials(request.headers, params)
+            ok = await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
+            if not ok:
+                shown = user
+                user = None
+                raise auth_failed(shown)
+            try:
+                body_text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise GatewayError(CANNOT_PARSE_INPUT, "the query is not valid UTF-8") from None
+            q = params.get("query", "")
+            sql = q + ("\n" if q and body_text else "") + body_text
+            sql_hash = hashlib.sha256(sql.encode("utf-8")).hexdigest()[:16]
+            dp_settings = {k.lower(): v for k, v in params.items() if k.lower() in DP_SETTING_NAMES}
+            out_settings = formats.output_settings(params)
+            database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
+            default_format = params.get("default_format") or request.headers.get("x-clickhouse-format") or None
+            ans, fmt, out = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format)
+            kind = ans.kind
+            elapsed = time.perf_counter() - t0
+            summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
+                       "total_rows_to_read": "0", "result_rows": str(len(ans.df)), "result_bytes": str(len(out)),
+                       "elapsed_ns": str(int(elapsed * 1e9))}
+            headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Format": fmt,
+                       "X-ClickHouse-Summary": json.dumps(summary, separators=(",", ":")),
+                       "X-ClickHouse-Timezone": "UTC", "X-ClickHouse-Server-Display-Name": "dpch-gateway"}
+            if ans.meta.get("epsilon") is not None:
+                headers["X-DPCH-Epsilon"] = repr(float(ans.meta["epsilon"]))
+                headers["X-DPCH-Delta"] = repr(float(ans.meta.get("delta") or 0.0))
+            gw.access.write(user=user, query_id=query_id, kind=kind, outcome="accepted", format=fmt,
+                            epsilon=ans.meta.get("epsilon"), delta=ans.meta.get("delta"),
+                            dataset=ans.meta.get("dataset"), receipt=ans.meta.get("receipt"), rows=len(ans.df),
+                            duration_ms=round(elapsed * 1e3, 3), remote=_remote(request), query_sha256=sql_hash)
+            return Response(out, headers=headers, media_type=formats.content_type(fmt))
+        except ClientDisconnect:
+            gw.access.write(user=user, query_id=query_id, kind=kind, outcome="rejected", code="client_disconnect",
+                            duration_ms=round((time.perf_counter() - t0) * 1e3, 3), remote=_remote(request))
+            return Response(b"", status_code=400)
+        except Exception as exc:  # noqa: BLE001
+            err = from_dpch(exc)
+            if err.code == 1002:
+                log.error("internal error answering query %s: %s", query_id, type(exc).__name__)
+            gw.access.write(user=user, query_id=query_id, kind=kind, outcome="rejected", code=err.code,
+                            error=err.name, duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                            remote=_remote(request), query_sha256=sql_hash)
+            return _error_response(err, query_id)
+
+    async def not_found(request: Request) -> Response:
+        return _error_response(GatewayError((0, "NOT_FOUND", 404), f"there is no handler for {request.url.path[:64]}; "
+                                            "send queries to / and health checks to /ping"))
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await gw.startup()
+        print(f"dpch serve: ready ({'server ' + cfg.backend_url if cfg.backend_url else 'embedded engine'}, "
+              f"data dir {cfg.data_dir})", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            await gw.shutdown()
+            print("dpch serve: stopped", file=sys.stderr, flush=True)
+
+    routes = [Route("/ping", ping, methods=["GET", "HEAD"]),
+              Route("/replicas_status", ping, methods=["GET", "HEAD"]),
+              Route("/", query, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
+              Route("/query", query, methods=["GET", "POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_route("/{path:path}", not_found, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])
+    app.state.gateway = gw
+    return app
+
+
+def _remote(request: Request) -> str | None:
+    c = request.client
+    return f"{c.host}:{c.port}" if c else None
+
+
+def serve(cfg: GatewayConfig, host: str = "127.0.0.1", port: int = 8123) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = build_app(cfg)
+    config = uvicorn.Config(app, host=host, port=port, loop="asyncio", http="h11", lifespan="on",
+                            access_log=False, log_level="warning", limit_concurrency=512, backlog=512,
+                            timeout_keep_alive=15, timeout_graceful_shutdown=15,
+                            h11_max_incomplete_event_size=64 * 1024, server_header=False)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1

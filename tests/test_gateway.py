@@ -1,0 +1,356 @@
+"""The DP gateway (`dpch serve`), tested as a real process on loopback with clickhouse-connect and
+plain HTTP (httpx, raw sockets)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dpch.dp_functions import rewrite_sql
+from dpch.errors import InvalidParameter, QueryRejected
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+PASSWORD = "alice-secret-1"
+
+
+def _cli(*args, stdin=None, check=True):
+    r = subprocess.run([PY, "-m", "dpch.cli", *args], input=stdin, capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    if check and r.returncode != 0:
+        raise AssertionError(f"dpch {' '.join(args)} failed: {r.stderr}")
+    return r
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self.port = _free_port()
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([PY, "-m", "dpch.cli", "serve", "--data-dir", str(self.data_dir), "--port",
+                                      str(self.port), "--body-timeout", "2"], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gateway exited: {self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.url + "/ping", timeout=1).text == "Ok.\n":
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("gateway did not start")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def alive(self):
+        return self.proc.poll() is None and httpx.get(self.url + "/ping", timeout=2).text == "Ok.\n"
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gw")
+    _cli("demo", "--data-dir", str(d), "--rows", "20000")
+    _cli("users", "add", "alice", "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
+    _cli("users", "add", "bob", "--password-stdin", "--data-dir", str(d), stdin="bob-secret-22\n")
+    _cli("budget", "set", "--data-dir", str(d), "--analyst", "alice", "--dataset", "demo.purchases",
+         "--epsilon", "1000", "--delta", "1e-3")
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(setup_dir):
+    s = Server(setup_dir).start()
+    yield s
+    s.stop()
+    out = s.proc.stdout.read()
+    assert "dpch serve: stopped" in out, out  # graceful: the lifespan shutdown ran (uvicorn re-raises SIGTERM)
+
+
+def q(server, sql, user="alice", password=PASSWORD, **params):
+    return httpx.post(server.url + "/", params=params, content=sql.encode(), auth=(user, password), timeout=30)
+
+
+# -- unit: dp_* rewriting --------------------------------------------------------------------------
+
+def test_dp_functions_rewrite_unit():
+    rw = rewrite_sql("SELECT region, dp_count(1) AS n, dp_sum(amount, 0, 1000, 2) AS s, dp_avg(age, 0, 50, 1) "
+                     "FROM demo.purchases GROUP BY region ORDER BY dp_count(1) DESC")
+    assert rw.epsilon == 4 and rw.delta == 0 and rw.mechanism == "laplace"
+    assert rw.weights == {"n": 1, "s": 2, "dp_avg(age, 0, 50, 1)": 0.5}
+    assert "SUM(least(greatest(amount, 0), 1000))" in rw.sql and "ORDER BY COUNT(*) DESC" in rw.sql
+    g = rewrite_sql("SELECT dp_count_gaussian(1, 1e-6), dp_sum_gaussian(amount, 0, 1, 1, 1e-6) FROM t")
+    assert g.mechanism == "gaussian" and g.delta == pytest.approx(2e-6)
+    for bad, exc in [("SELECT dp_count(0) FROM t", InvalidParameter), ("SELECT dp_sum(x, 5, 1, 1) FROM t", InvalidParameter),
+                     ("SELECT dp_count(1) + 1 FROM t", QueryRejected), ("SELECT dp_count(1), dp_count_gaussian(1, 1e-6) FROM t", QueryRejected),
+                     ("SELECT dp_sum(x, 0, 1) FROM t", QueryRejected), ("SELECT dpch_laplace(1, 1) FROM t", QueryRejected),
+                     ("SELECT dp_sum(x, 0, y, 1) FROM t", QueryRejected)]:
+        with pytest.raises(exc):
+            rewrite_sql(bad)
+
+
+# -- protocol --------------------------------------------------------------------------------------
+
+def test_ping_and_metadata(server):
+    r = httpx.get(server.url + "/ping")
+    assert r.status_code == 200 and r.text == "Ok.\n"
+    r = q(server, "SELECT version(), timezone(), currentUser()")
+    assert r.status_code == 200 and r.text.strip().split("\t")[1:] == ["UTC", "alice"]
+    assert q(server, "SHOW DATABASES").text.split() == ["default", "demo"]
+    assert q(server, "SHOW TABLES FROM demo").text.strip() == "purchases"
+    rows = [l.split("\t") for l in q(server, "DESCRIBE TABLE demo.purchases").text.strip().splitlines()]
+    assert {r[0] for r in rows} == {"age", "amount", "purchase_id", "region", "user_id"}
+    assert any("bounds [0, 500]" in r[4] for r in rows if r[0] == "amount")
+    cols = json.loads(q(server, "SELECT name, dpch_upper_bound FROM system.columns WHERE table = 'purchases' "
+                        "AND name = 'amount' FORMAT JSONEachRow").text)
+    assert cols == {"name": "amount", "dpch_upper_bound": 500}
+    for denied in ["SELECT * FROM system.tables_x", "SELECT * FROM dpch_meta.catalog", "SELECT * FROM system.parts",
+                   "INSERT INTO demo.purchases VALUES (1)", "CREATE TABLE x (a Int8) ENGINE=Memory",
+                   "SELECT * FROM file('/etc/passwd')", "SELECT * FROM numbers(3)", "DROP FUNCTION dp_sum",
+                   "SELECT dpch_laplace(1, 1)", "SELECT COUNT(*) FROM demo.nonexistent SETTINGS dpch_epsilon = 1",
+                   "SELECT COUNT(*) FROM demo.purchases SETTINGS max_threads = 1", "SHOW CREATE TABLE demo.purchases"]:
+        r = q(server, denied)
+        assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "497", (denied, r.text)
+        assert r.text.startswith("Code: 497. DB::Exception: ") and r.text.rstrip().endswith("(ACCESS_DENIED)")
+
+
+def test_clickhouse_connect(server):
+    import clickhouse_connect
+
+    c = clickhouse_connect.get_client(host="127.0.0.1", port=server.port, username="alice", password=PASSWORD)
+    assert c.query("SELECT currentUser()").result_rows == [("alice",)]
+    df = c.query_df("SELECT region, COUNT(*) AS n, AVG(amount) AS a FROM demo.purchases GROUP BY region",
+                    settings={"dpch_epsilon": 1, "dpch_with_ci": 1})
+    assert set(df.columns) == {"region", "n", "a", "n_ci_low", "n_ci_high", "a_ci_low", "a_ci_high"}
+    assert sorted(df.region) == ["centre", "east", "north", "south", "west"]
+    assert all(abs(n - 4000) < 500 for n in df.n)
+    arrow = c.query_arrow("SELECT dp_count(1) AS n FROM demo.purchases")
+    assert arrow.column_names == ["n"]
+    assert c.query_df("SHOW TABLES FROM demo")["name"].tolist() == ["purchases"]
+    with pytest.raises(Exception, match="9104"):
+        c.query("SELECT COUNT(*) FROM demo.purchases")
+    c.close()
+
+
+def test_formats(server):
+    sql = "SELECT region, COUNT(*) AS n FROM demo.purchases GROUP BY region SETTINGS dpch_epsilon = 0.5"
+    for fmt, check in [("TabSeparatedWithNamesAndTypes", lambda t: t.splitlines()[:2] == ["region\tn", "String\tInt64"]),
+                       ("JSON", lambda t: len(json.loads(t)["data"]) == 5),
+                       ("JSONEachRow", lambda t: len(t.strip().splitlines()) == 5),
+                       ("JSONCompact", lambda t: len(json.loads(t)["data"]) == 5),
+                       ("CSVWithNames", lambda t: t.splitlines()[0] == '"region","n"')]:
+        r = q(server, sql + f" FORMAT {fmt}")
+        assert r.status_code == 200 and r.headers["X-ClickHouse-Format"] == fmt and check(r.text), (fmt, r.text)
+        assert json.loads(r.headers["X-ClickHouse-Summary"])["read_rows"] == "0"
+        assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.5)
+    r = q(server, "SELECT COUNT(*) AS n FROM demo.purchases", default_format="Native", dpch_epsilon="0.5")
+    assert r.status_code == 200 and r.content[:4] == b"\x01\x01\x01n"
+    r = q(server, "SELECT COUNT(*) AS n FROM demo.purchases FORMAT Bogus SETTINGS dpch_epsilon = 1")
+    assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] in ("73", "62")
+
+
+def test_settings_epsilon_and_dp_functions_charge(server):
+    def spent():
+        out = _cli("budget", "show", "--data-dir", str(server.data_dir), "--analyst", "alice").stdout
+        return float(out.splitlines()[2].split()[5])
+    # the budget CLI reads the ledger while the gateway holds it (SQLite WAL, one host)
+    s0 = spent()
+    r = q(server, "SELECT COUNT(*) AS n FROM demo.purchases SETTINGS dpch_epsilon = 0.25, dpch_mechanism = 'laplace'")
+    assert r.status_code == 200, r.text
+    r = q(server, "SELECT dp_count(0.5) AS n, dp_sum(amount, 0, 100000, 0.25) AS s FROM demo.purchases "
+                  "FORMAT JSONEachRow")
+    assert r.status_code == 200, r.text
+    assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.75)
+    assert spent() == pytest.approx(s0 + 1.0)
+    r = q(server, "SELECT COUNT(*) FROM demo.purchases")
+    assert r.status_code == 400 and "dpch_epsilon" in r.text and r.headers["X-ClickHouse-Exception-Code"] == "9104"
+    assert spent() == pytest.approx(s0 + 1.0)
+
+
+def test_auth_failures_are_identical(server):
+    cases = {"wrong password": dict(auth=("alice", "nope")), "unknown user": dict(auth=("mallory", "nope")),
+             "missing": {}, "X-ClickHouse headers": dict(headers={"X-ClickHouse-User": "alice", "X-ClickHouse-Key": "x"}),
+             "url params": dict(params={"user": "alice", "password": "x"})}
+    bodies = {}
+    for name, kw in cases.items():
+        r = httpx.post(server.url + "/", content=b"SELECT 1", timeout=10, **kw)
+        assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "516", name
+        bodies[name] = r.text.split("DB::Exception: ", 1)[1].split(": ", 1)[1]  # after the echoed user name
+    assert len(set(bodies.values())) == 1, bodies
+    # the other ways to authenticate work
+    assert httpx.post(server.url + "/", content=b"SELECT 1", headers={"X-ClickHouse-User": "alice",
+                      "X-ClickHouse-Key": PASSWORD}).text == "1\n"
+    assert httpx.post(server.url + "/", params={"user": "alice", "password": PASSWORD, "query": "SELECT 1"}).text == "1\n"
+    # timing: unknown user vs wrong password (both run one argon2 verification, which dominates).
+    # Interleaved samples (load drifts hit both alike), medians of 9, ratio within 1.5 either way,
+    # up to 3 attempts: a correct gateway fails only if load spikes skew 5 of 9 samples of one side
+    # by 50% in three attempts running; a gateway that skipped argon2 for unknown users would show
+    # a ratio of about 10 (argon2 ≈ 30-50 ms here against ≈ 2 ms for a request).
+    def medians():
+        known, unknown = [], []
+        for _ in range(9):
+            for user, out in (("alice", known), ("nobody", unknown)):
+                t0 = time.perf_counter()
+                httpx.post(server.url + "/", content=b"SELECT 1", auth=(user, "wrong-password"))
+                out.append(time.perf_counter() - t0)
+        return statistics.median(known), statistics.median(unknown)
+    tries = []
+    for _ in range(3):
+        known, unknown = medians()
+        tries.append((known, unknown))
+        if max(known, unknown) <= 1.5 * min(known, unknown):
+            break
+    else:
+        pytest.fail(f"auth failure time depends on whether the user exists: {tries}")
+
+
+def test_bad_http_input(server):
+    r = httpx.post(server.url + "/", content=b"SELECT 1 " + b" " * (2 << 20), auth=("alice", PASSWORD))
+    assert r.status_code == 413 and "TOO_MANY_BYTES" in r.text
+    r = httpx.post(server.url + "/", content=b"SELECT 1", headers={"Authorization": "Basic !!!notbase64"})
+    assert r.status_code == 400 and r.text.startswith("Code: 36.")
+    r = httpx.post(server.url + "/", content=b"SELECT 1",
+                   headers={"Authorization": "Basic " + base64.b64encode(b"no-colon").decode()})
+    assert r.status_code == 400
+    r = q(server, "SELECT 1 FORMAT NoSuchFormat")
+    assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "73"
+    r = q(server, "SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 1; DROP TABLE demo.purchases")
+    assert r.status_code == 400 and "Multi-statements" in r.text
+    r = httpx.post(server.url + "/", content=b"SELECT '\xff\xfe'", auth=("alice", PASSWORD))
+    assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "27"
+    r = httpx.get(server.url + "/?query=SELECT%20%27%FF%27", auth=("alice", PASSWORD))
+    assert r.status_code == 400
+    r = q(server, "SELEC garbage ((")
+    assert r.status_code in (400, 403)
+    # slow client: sends headers and part of the body, then stalls; others are served meanwhile
+    s = socket.create_connection(("127.0.0.1", server.port))
+    auth = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\nContent-Length: 100\r\n\r\nSELECT".encode())
+    t0 = time.perf_counter()
+    # not blocked behind the stalled body (the body timeout is seconds; 5 s leaves room for load)
+    assert httpx.get(server.url + "/ping").text == "Ok.\n" and time.perf_counter() - t0 < 5
+    s.settimeout(10)
+    reply = s.recv(4096)
+    s.close()
+    assert b"408" in reply.split(b"\r\n")[0] and b"TIMEOUT" in reply
+    # a connection that sends garbage instead of HTTP
+    g = socket.create_connection(("127.0.0.1", server.port))
+    g.sendall(b"\x00\x01\x02 not http\r\n\r\n")
+    g.settimeout(5)
+    try:
+        g.recv(100)
+    except OSError:
+        pass
+    g.close()
+    assert server.alive()
+
+
+def test_access_log(server):
+    q(server, "SELECT COUNT(*) AS n FROM demo.purchases SETTINGS dpch_epsilon = 0.125")
+    q(server, "SELECT 1", password="wrong")
+    lines = [json.loads(l) for l in (server.data_dir / "access.log").read_text().splitlines()]
+    ok = [l for l in lines if l.get("epsilon") == 0.125]
+    assert ok and ok[-1]["user"] == "alice" and ok[-1]["outcome"] == "accepted" and ok[-1]["kind"] == "dp"
+    assert {"time", "query_id", "duration_ms", "query_sha256"} <= set(ok[-1])
+    assert lines[-1]["outcome"] == "rejected" and lines[-1]["code"] == 516 and lines[-1].get("user") is None
+    text = (server.data_dir / "access.log").read_text()
+    assert PASSWORD not in text and "wrong" not in text.replace('"error"', "") and "SELECT" not in text
+
+
+def _burst(url, n, sql, auth):
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait()
+        try:
+            r = httpx.post(url + "/", content=sql.encode(), auth=auth, timeout=60)
+            results[i] = r.status_code
+        except httpx.HTTPError:
+            results[i] = "conn"
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results
+
+
+def test_budget_exhaustion_16_clients(server):
+    _cli("budget", "set", "--data-dir", str(server.data_dir), "--analyst", "bob", "--dataset", "demo.purchases",
+         "--epsilon", "1.0")
+    res = _burst(server.url, 16, "SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 0.1",
+                 ("bob", "bob-secret-22"))
+    assert res.count(200) == 10 and res.count(403) == 6, res
+    r = q(server, "SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 0.1", user="bob", password="bob-secret-22")
+    assert r.headers["X-ClickHouse-Exception-Code"] == "9102"
+
+
+def test_kill9_during_burst_then_restart(setup_dir, server):
+    # a second data dir copy would need a second store; use another analyst on the same server dir
+    _cli("users", "add", "carol", "--password-stdin", "--data-dir", str(setup_dir), stdin="carol-secret-3\n")
+    _cli("budget", "set", "--data-dir", str(setup_dir), "--analyst", "carol", "--dataset", "demo.purchases",
+         "--epsilon", "100")
+    server.stop()
+    s2 = Server(setup_dir).start()
+    answered = []
+    lock = threading.Lock()
+
+    def client():
+        while True:
+            try:
+                r = httpx.post(s2.url + "/", content=b"SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 0.01",
+                               auth=("carol", "carol-secret-3"), timeout=10)
+            except httpx.HTTPError:
+                return
+            if r.status_code == 200:
+                with lock:
+                    answered.append(r.headers["X-ClickHouse-Query-Id"])
+    ts = [threading.Thread(target=client) for _ in range(6)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + 90
+    while len(answered) < 5 and time.time() < deadline:  # kill during the burst, once answers flow
+        time.sleep(0.05)
+    time.sleep(0.3)
+    s2.proc.kill()
+    s2.proc.wait()
+    for t in ts:
+        t.join()
+    assert answered
+    s3 = Server(setup_dir).start()  # the ledger opens (and verifies) at start
+    try:
+        r = q(s3, "SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 0.01", user="carol", password="carol-secret-3")
+        assert r.status_code == 200
+    finally:
+        s3.stop()
+    out = _cli("budget", "show", "--data-dir", str(setup_dir), "--analyst", "carol").stdout
+    charges = int(out.splitlines()[2].split()[-1])
+    assert charges >= len(answered) + 1, (charges, len(answered))
+    server.start()  # for the module fixture's teardown
