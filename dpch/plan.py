@@ -919,7 +919,8 @@ class _Planner:
             except CatalogError:
                 raise InvalidParameter(f"keys[{key.name!r}]: values must be strings, numbers, booleans or None") from None
             if self.key_types is not None:  # cast to the key's type, then de-duplicate in that type
-                arr = _distinct(f"CAST({arr} AS Array({_array_elem_type(self.key_types[key.index])}))")
+                arr = _distinct(f"CAST({arr} AS Array({_array_elem_type(self.key_types[key.index])}))",
+                                any(v is None for v in qkeys))
             return KeyDomain(array_sql=arr, filter_sql=f"has({arr}, {key.sql})", source="query keys",
                              size=len(qkeys))
         if len(key.columns) != 1:
@@ -929,7 +930,8 @@ class _Planner:
         col_q = quote_ident(col)
         if col in e.public_keys:
             vals = e.public_keys[col]
-            arr = _distinct(f"CAST([{', '.join(literal_sql(v) for v in vals)}] AS Array({_array_elem_type(typ)}))")
+            arr = _distinct(f"CAST([{', '.join(literal_sql(v) for v in vals)}] AS Array({_array_elem_type(typ)}))",
+                            any(v is None for v in vals))
             size = len(vals)
             source = "catalog public keys"
             col_filter = f"{col_q} IN {arr}"
@@ -1117,9 +1119,12 @@ class _Planner:
         return GaussianMechanism(q.scale, True).cost(q.l2, q.delta, q.epsilon, label=label)
 
 
-def _distinct(arr: str) -> str:
-    """The array's distinct values in first-seen order, NULL included (arrayDistinct drops NULL, a
-    group like any other)."""
+def _distinct(arr: str, has_null: bool) -> str:
+    """The array's distinct values, de-duplicated in the engine in the array's type. arrayDistinct
+    drops NULL, a group like any other: with a NULL value, a first-occurrence filter keeps it (it
+    spells the array three times, so it is used only then)."""
+    if not has_null:
+        return f"arrayDistinct({arr})"
     return f"arrayFilter((__dp_x, __dp_i) -> indexOf({arr}, __dp_x) = __dp_i, {arr}, arrayEnumerate({arr}))"
 
 
