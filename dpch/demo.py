@@ -127,7 +127,7 @@ def _controller_demo(db, *, eps: float, delta: float, out) -> None:
         elapsed = time.perf_counter() - t
         out("   " + df.to_string(index=False, float_format=lambda v: f"{v:,.1f}").replace("\n", "\n   "))
         meta = df.attrs["dpch"]
-        out(f"   charged ε={meta['epsilon']:g}, δ={meta['delta']:g}; 95% intervals as *_ci_low/_ci_high; "
+        out(f"   charged ε={meta['epsilon']:g}, δ={meta['delta']:g}; 95% intervals as *_lo/*_hi; "
             f"time: {elapsed * 1000:.0f} ms")
     truth = db.raw_query(region_query.replace("COUNT(*)", "count()").replace("SUM(amount)", "sum(amount)")
                          .replace("AVG(age)", "avg(age)"))

@@ -17,7 +17,7 @@
 - copies the main facts to flat keys of ``df.attrs`` (`FLAT_KEYS`: ``epsilon_spent``,
   ``delta_spent``, ``rho_spent``, ``dataset``, ``receipt``, ``mechanism``, ``noise_scale``,
   ``ci_level``, ``ci_low``, ``ci_high``), next to the nested ``df.attrs["dpch"]``;
-- with ``with_ci=True``, adds columns ``<name>_ci_low`` and ``<name>_ci_high`` after each
+- with ``with_ci=True``, adds columns ``<name>_lo`` and ``<name>_hi`` after each
   aggregate column.
 """
 from __future__ import annotations
@@ -160,8 +160,8 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         for o in plan.bound.outputs:
             new[o.name] = out[o.name]
             if o.kind == "aggregate":
-                new[f"{o.name}_ci_low"] = meta[o.name]["ci_low"]
-                new[f"{o.name}_ci_high"] = meta[o.name]["ci_high"]
+                new[f"{o.name}_lo"] = meta[o.name]["ci_low"]
+                new[f"{o.name}_hi"] = meta[o.name]["ci_high"]
         out = pd.DataFrame(new)
     sel = plan.selection
     out.attrs["dpch"] = {

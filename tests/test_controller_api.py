@@ -24,8 +24,8 @@ def test_metadata_and_confidence_intervals(adb):
     sql = (f"SELECT region, COUNT(*) AS n, SUM(amount) AS s, AVG(age) AS a, STDDEV_POP(qty) AS sd, "
            f"COUNT(*) * 2 AS twice FROM {DB}.purchases GROUP BY region")
     df = adb.query(sql, epsilon=2.0, with_ci=True, confidence=0.9)
-    assert list(df.columns) == ["region", "n", "n_ci_low", "n_ci_high", "s", "s_ci_low", "s_ci_high", "a",
-                                "a_ci_low", "a_ci_high", "sd", "sd_ci_low", "sd_ci_high", "twice"]
+    assert list(df.columns) == ["region", "n", "n_lo", "n_hi", "s", "s_lo", "s_hi", "a",
+                                "a_lo", "a_hi", "sd", "sd_lo", "sd_hi", "twice"]
     meta = df.attrs["dpch"]
     assert meta["epsilon"] == pytest.approx(2.0) and meta["delta"] == 0.0
     assert meta["confidence"] == 0.9 and meta["key_mode"] == "public"
@@ -35,8 +35,8 @@ def test_metadata_and_confidence_intervals(adb):
     assert n["mechanism"] == "laplace" and n["sensitivity"] == 10.0  # M = 10 rows per unit
     assert n["noise_scale"] == pytest.approx(10.0 / n["epsilon"], rel=1e-6)
     assert cols["a"]["value_bounds"] == [18.0, 100.0]
-    assert (df["a_ci_low"] >= 18).all() and (df["a_ci_high"] <= 100).all()
-    assert (df["n_ci_low"] >= 0).all() and (df["n"] >= 0).all()
+    assert (df["a_lo"] >= 18).all() and (df["a_hi"] <= 100).all()
+    assert (df["n_lo"] >= 0).all() and (df["n"] >= 0).all()
     assert (df["twice"] == 2 * df["n"]).all()
     assert "<secret salt>" in meta["sql"]
     entry = adb.catalog.get(f"{DB}.purchases")

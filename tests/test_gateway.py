@@ -147,7 +147,7 @@ def test_clickhouse_connect(server):
     assert c.query("SELECT currentUser()").result_rows == [("alice",)]
     df = c.query_df("SELECT region, COUNT(*) AS n, AVG(amount) AS a FROM demo.purchases GROUP BY region",
                     settings={"dpch_epsilon": 1, "dpch_with_ci": 1})
-    assert set(df.columns) == {"region", "n", "a", "n_ci_low", "n_ci_high", "a_ci_low", "a_ci_high"}
+    assert set(df.columns) == {"region", "n", "a", "n_lo", "n_hi", "a_lo", "a_hi"}
     assert sorted(df.region) == ["centre", "east", "north", "south", "west"]
     assert all(abs(n - 4000) < 500 for n in df.n)
     arrow = c.query_arrow("SELECT dp_count(1) AS n FROM demo.purchases")

@@ -40,9 +40,9 @@ def test_flat_attrs_match_nested_metadata(adb):
 
 def test_ci_columns_are_ordinary_columns(adb):
     df = adb.query(SQL, epsilon=1.0, with_ci=True)
-    assert list(df.columns) == ["region", "n", "n_ci_low", "n_ci_high", "a", "a_ci_low", "a_ci_high"]
-    assert (df["n_ci_low"] <= df["n"]).all() and (df["n"] <= df["n_ci_high"]).all()
-    assert list(df["n_ci_low"]) == df.attrs["ci_low"]["n"]
+    assert list(df.columns) == ["region", "n", "n_lo", "n_hi", "a", "a_lo", "a_hi"]
+    assert (df["n_lo"] <= df["n"]).all() and (df["n"] <= df["n_hi"]).all()
+    assert list(df["n_lo"]) == df.attrs["ci_low"]["n"]
 
 
 def test_cli_query_prints_table_and_summary(adb):

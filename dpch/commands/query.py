@@ -208,7 +208,7 @@ def register(subparsers) -> None:
     q = subparsers.add_parser("query", help="answer a SELECT with differential privacy (charges the budget)")
     _query_args(q)
     q.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    q.add_argument("--ci", action="store_true", help="add <col>_ci_low/<col>_ci_high columns")
+    q.add_argument("--ci", action="store_true", help="add <col>_lo/<col>_hi columns")
     q.set_defaults(func=cmd_query)
 
     e = subparsers.add_parser("explain", help="show the rewritten SQL, sensitivities and budget split (free)")

@@ -29,7 +29,7 @@ DP_SETTINGS = [
     ("dpch_epsilon", "", "Float64", "ε charged for the query (required for plain SQL aggregates)"),
     ("dpch_delta", "0", "Float64", "δ charged for the query (Gaussian noise, partition selection)"),
     ("dpch_mechanism", "auto", "String", "auto | laplace | gaussian"),
-    ("dpch_with_ci", "0", "Bool", "add <col>_ci_low/<col>_ci_high columns"),
+    ("dpch_with_ci", "0", "Bool", "add <col>_lo/<col>_hi columns"),
     ("dpch_confidence", "0.95", "Float64", "confidence level of the intervals"),
 ]
 META_FUNCTIONS = {"version", "timezone", "servertimezone", "currentuser", "user", "current_user",
