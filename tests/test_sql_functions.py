@@ -133,3 +133,157 @@ def test_udf_noises_nan_rows_as_lower_bound(sqlfn):
     sums = _draws(sqlfn, "dp_sum(x, 0, 10, 1.0)", "nan AS x")
     assert np.all(np.isfinite(sums))
     assert abs(sums.mean()) < 8 * math.sqrt(2 * 100 / N)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors never depend on, nor echo, the data (issue 11): argument types, constness and parameter
+# values are checked while ClickHouse analyses the query (the checks are constant expressions; see
+# clickhouse_config/user_defined/function_dpch_require.sql), so whether a query errors, and its
+# message, depend only on the query text and the column types.
+# ------------------------------------------------------------------------------------------------
+
+SECRET_ROW = ("(4242, 'east', 'SECRET_ZEBRA_7731', 987654.321, 31337.5, '1999-12-31', "
+              "['SECRET_TAG_5521'])")
+SECRETS = ("SECRET_ZEBRA_7731", "SECRET_TAG_5521", "987654", "31337", "1999-12-31", "4242")
+FUNCTIONS = {  # name -> its arguments, in order
+    "dp_count": ("eps",),
+    "dp_count_gaussian": ("eps", "delta"),
+    "dp_sum": ("x", "lo", "hi", "eps"),
+    "dp_sum_gaussian": ("x", "lo", "hi", "eps", "delta"),
+    "dp_avg": ("x", "lo", "hi", "eps"),
+    "dp_avg_gaussian": ("x", "lo", "hi", "eps", "delta"),
+}
+VALID = {"x": "amount", "lo": "0", "hi": "500", "eps": "1.0", "delta": "1e-6"}
+
+
+def _call(fn: str, **override: str) -> str:
+    return f"{fn}({', '.join(override.get(a, VALID[a]) for a in FUNCTIONS[fn])})"
+
+
+@pytest.fixture(scope="module")
+def neighbours(sqlfn):
+    """t_sqlfn.d_with = t_sqlfn.d_without + one row of distinctive values (D and D′). In D′ the
+    Nullable column `n` is NULL on every row."""
+    for name in ("d_with", "d_without"):
+        sqlfn.command(f"DROP TABLE IF EXISTS t_sqlfn.{name}")
+        sqlfn.command(f"CREATE TABLE t_sqlfn.{name} (id UInt64, region String, name String, "
+                      "amount Float64, n Nullable(Float64), day Date, tags Array(String)) "
+                      "ENGINE = MergeTree ORDER BY id")
+        sqlfn.command(f"INSERT INTO t_sqlfn.{name} SELECT number, ['north', 'south'][number % 2 + 1], "
+                      "'plain', number * 10, NULL, '2020-01-01', ['t'] FROM numbers(20)")
+    sqlfn.command(f"INSERT INTO t_sqlfn.d_with VALUES {SECRET_ROW}")
+    return sqlfn
+
+
+def _outcome(db, sql: str) -> tuple[str, str]:
+    """('ok', '') or ('error', message with the table name normalised)."""
+    try:
+        db.raw_query(sql)
+    except BackendError as exc:
+        return "error", str(exc).replace("t_sqlfn.d_without", "T").replace("t_sqlfn.d_with", "T")
+    return "ok", ""
+
+
+def _assert_no_secret(message: str) -> None:
+    for secret in SECRETS:
+        assert secret not in message, (secret, message)
+
+
+@pytest.mark.parametrize("fn, arg", [(f, a) for f, args in FUNCTIONS.items() for a in args])
+def test_wrong_typed_argument_names_the_argument_never_a_value(neighbours, fn, arg):
+    """Each argument of each function, given a String, Date or Array column (or a String literal
+    for the parameters): a clean error naming the function and the argument, with no data value,
+    identical on D and D′, with and without GROUP BY (an empty group set included)."""
+    bad = {"name": "String", "day": "Date", "tags": "Array(String)"}
+    if arg != "x":
+        bad["'0.5'"] = "String"
+    for expr, type_name in bad.items():
+        call = _call(fn, **{arg: expr})
+        for tail in ("", " GROUP BY region", " WHERE id = 4242 GROUP BY region"):
+            outcomes = [_outcome(neighbours, f"SELECT {call} AS v FROM t_sqlfn.{t}{tail}")
+                        for t in ("d_with", "d_without")]
+            assert outcomes[0] == outcomes[1], (call, tail)
+            kind, message = outcomes[0]
+            assert kind == "error", (call, tail)
+            assert f"{fn}: argument {arg} must be numeric (got {type_name})" in message, message
+            _assert_no_secret(message)
+
+
+@pytest.mark.parametrize("fn, arg", [(f, a) for f, args in FUNCTIONS.items() for a in args if a != "x"])
+def test_parameters_must_be_constants(neighbours, fn, arg):
+    """A parameter taken from a column would make its validity checks depend on the data."""
+    call = _call(fn, **{arg: "amount"})
+    outcomes = [_outcome(neighbours, f"SELECT {call} AS v FROM t_sqlfn.{t} GROUP BY region, amount")
+                for t in ("d_with", "d_without")]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == "error"
+    assert f"{fn}: argument {arg} must be a constant" in outcomes[0][1]
+    _assert_no_secret(outcomes[0][1])
+
+
+NEIGHBOUR_QUERIES = [
+    # valid calls, on a numeric column and on a Nullable one (all NULL in D′, one value in D)
+    *[_call(f) for f in FUNCTIONS],
+    *[_call(f, x="n") for f in FUNCTIONS if "x" in FUNCTIONS[f]],
+    "dp_sum(toDecimal64(amount, 2), 0, 500, 1.0)",
+    "dp_avg(toInt64(amount), -10, 10, 0.5)",
+    # invalid parameters
+    "dp_count(-1.0)", "dp_count(0)", "dp_count(1e-300)", "dp_sum(amount, 0, 500, 1e-300)",
+    "dp_sum(amount, 500, 0, 1.0)", "dp_sum(amount, 0, inf, 1.0)", "dp_sum(amount, 0, 1e299, 1.0)",
+    "dp_avg(amount, -1e300, 0, 1.0)", "dp_count_gaussian(1.0, 1.0)", "dp_sum_gaussian(amount, 0, 500, 1.0, 0)",
+    "dp_avg_gaussian(amount, 0, 500, nan, 1e-6)", "dp_sum(amount, NULL, 500, 1.0)",
+    # invalid types and non-constant parameters
+    "dp_sum(name, 0, 500, 1.0)", "dp_avg(tags, 0, 500, 1.0)", "dp_sum(amount, 0, n, 1.0)",
+    "dp_count(amount)",
+]
+
+
+@pytest.mark.parametrize("call", NEIGHBOUR_QUERIES)
+@pytest.mark.parametrize("tail", ["", " GROUP BY region", " WHERE id = 4242", " WHERE id = 4242 GROUP BY region",
+                                  " WHERE name LIKE 'SECRET%' GROUP BY day"])
+def test_outcome_is_the_same_on_neighbouring_tables(neighbours, call, tail):
+    """D and D′ differ by one row; the query errors on both or on neither, with the same message.
+    With `WHERE id = 4242` D′ selects no row at all (an empty group set under GROUP BY)."""
+    sql = "SELECT {call} AS v FROM t_sqlfn.{t}{tail}"
+    with_row = _outcome(neighbours, sql.format(call=call, t="d_with", tail=tail))
+    without_row = _outcome(neighbours, sql.format(call=call, t="d_without", tail=tail))
+    assert with_row == without_row, (call, tail, with_row, without_row)
+    _assert_no_secret(with_row[1])
+
+
+@pytest.mark.parametrize("fn", [f for f in FUNCTIONS if "x" in FUNCTIONS[f]])
+@pytest.mark.parametrize("arg, value", [("lo", "-1e299"), ("hi", "1e299"), ("hi", "2.1e298"),
+                                        ("lo", "-1.7976931348623157e308")])
+def test_huge_bounds_give_a_clear_error(neighbours, fn, arg, value):
+    """|lo|, |hi| <= 1e298 (README): beyond 2^991 (about 2.09e298) the fixed-point grid of the sum
+    overflows Float64 (docs/NOISE.md)."""
+    call = _call(fn, **{arg: value, "lo" if arg == "hi" else "hi": "0"})
+    kind, message = _outcome(neighbours, f"SELECT {call} AS v FROM t_sqlfn.d_with")
+    assert kind == "error"
+    assert f"{fn}: argument {arg} is out of range" in message
+    assert "[-1e298, 1e298]" in message
+    _assert_no_secret(message)
+
+
+@pytest.mark.parametrize("fn", [f for f in FUNCTIONS if "x" in FUNCTIONS[f]])
+def test_bounds_at_the_limit_answer(neighbours, fn):
+    df = neighbours.raw_query(f"SELECT {_call(fn, lo='-1e298', hi='1e298')} AS v FROM t_sqlfn.d_with")
+    assert np.isfinite(df["v"][0])
+
+
+def test_tiny_epsilon_is_refused_before_the_noise_scale_overflows(neighbours):
+    kind, message = _outcome(neighbours, "SELECT dp_count(1e-300) AS v FROM t_sqlfn.d_without GROUP BY region")
+    assert kind == "error" and "dp_count: argument eps is too small" in message
+
+
+def test_nullable_x_skips_null_rows(sqlfn):
+    """NULL rows contribute nothing (sum and count skip them); a group whose x is all NULL is a
+    noisy 0, not an error. Mean of N noisy sums within 8 standard errors of the truth (5 non-NULL
+    rows of 1 per group; discrete Laplace variance below 2 b^2 with b = 1/eps = 1)."""
+    inner = "if(number % 2 = 0, NULL, toFloat64(1)) AS x"
+    sums = _draws(sqlfn, "dp_sum(x, 0, 1, 1.0)", inner)
+    assert abs(sums.mean() - ROWS_PER_GROUP // 2) < 8 * math.sqrt(2 / N)
+    empty = _draws(sqlfn, "dp_sum(x, 0, 1, 1.0)", "CAST(NULL AS Nullable(Float64)) AS x")
+    assert abs(empty.mean()) < 8 * math.sqrt(2 / N)
+    avgs = _draws(sqlfn, "dp_avg(x, 0, 1, 1.0)", "CAST(NULL AS Nullable(Float64)) AS x")
+    assert np.all((avgs >= 0) & (avgs <= 1))

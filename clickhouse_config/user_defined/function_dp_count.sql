@@ -1,1 +1,1 @@
-CREATE FUNCTION dp_count AS (eps) -> dpch_laplace_int(toInt64(count()), dpch_laplace_scale(1., dpch_valid_epsilon(eps)))
+CREATE FUNCTION dp_count AS (eps) -> dpch_check_eps('dp_count', eps) + dpch_check_scale('dp_count', dpch_laplace_scale(1., toFloat64(eps))) + dpch_laplace_int(toInt64(count()), dpch_laplace_scale(1., toFloat64(eps)))

@@ -1,1 +1,1 @@
-CREATE FUNCTION dp_count_gaussian AS (eps, delta) -> dpch_gaussian_int(toInt64(count()), dpch_gaussian_sigma(1., dpch_valid_epsilon(eps), dpch_valid_delta(delta)))
+CREATE FUNCTION dp_count_gaussian AS (eps, delta) -> dpch_check_eps('dp_count_gaussian', eps) + dpch_check_delta('dp_count_gaussian', delta) + dpch_gaussian_int(toInt64(count()), dpch_gaussian_sigma(1., toFloat64(eps), toFloat64(delta)))

@@ -13,6 +13,15 @@ drawing fresh noise each time (the UDFs are non-deterministic and read the OS CS
 
 Queries the pass cannot thread (e.g. the audited table read inside a scalar subquery, ROLLUP) fall
 back to a loop: the query runs once per sample with only the table name replaced.
+
+Empty input of a global aggregate. A top-level SELECT with aggregates and no GROUP BY returns one
+row per run even when no row reaches it (e.g. D′ removed the only row that its WHERE keeps): the
+aggregates of the empty set, noised (`dp_sum` releases a noisy 0). Threaded, it becomes
+`GROUP BY __rep`, which returns no row for such a run. `draw_sql` therefore draws the output of
+every run missing from a global aggregate's result separately, with the same SELECT evaluated on an
+empty input (`WHERE false`) once per run (`GROUP BY GROUPING SETS ((), (), …)`: one output row per
+empty grouping set, each with its own noise). Without that, the missing run was a NaN ("no output")
+on one side only, a certain difference that a correct mechanism never shows (issue 11).
 """
 from __future__ import annotations
 
@@ -361,6 +370,81 @@ def classify_columns(sql: str, columns: list[str]) -> tuple[list[str], list[str]
 # --------------------------------------------------------------------------------------------
 # Drawing samples and shaping them into an (N × k) matrix
 # --------------------------------------------------------------------------------------------
+def _top_select(tree: exp.Expression) -> exp.Select | None:
+    return tree if isinstance(tree, exp.Select) else None
+
+
+def is_global_aggregate(sql: str) -> bool:
+    """Is the query's top level a SELECT with aggregates, no GROUP BY and no window function, i.e.
+    does one run return one row (before HAVING) whatever its input, the empty input included?"""
+    top = _top_select(parse(sql))
+    if top is None or top.args.get("group") is not None or not _has_aggregate(top):
+        return False
+    return not any(isinstance(n, exp.Window) for p in top.expressions for n in _walk_scope(p))
+
+
+EMPTY_RUNS_PER_QUERY = 500  # grouping sets per query (the engine's cost grows faster than linearly)
+
+
+def empty_input_sql(sql: str, table_map: dict[str, str], runs: int, default_db: str = "default") -> str:
+    """`runs` independent runs of a global-aggregate query's top level on an empty input: its WHERE
+    becomes false and its GROUP BY `runs` empty grouping sets, each of which yields the aggregates
+    of the empty set (then the SELECT list, noise included, is evaluated once per row, and HAVING
+    filters each row on its own). ORDER BY, LIMIT and DISTINCT act on one run's single row, so they
+    are dropped (across runs they would merge or cut rows)."""
+    tree = parse(replace_tables(sql, table_map, default_db))
+    top = _top_select(tree)
+    if top is None:
+        raise ValueError("not a global aggregate")
+    top.set("where", exp.Where(this=exp.false()))
+    top.set("group", exp.Group(expressions=[exp.GroupingSets(expressions=[exp.Tuple() for _ in range(runs)])]))
+    for arg in ("order", "limit", "distinct", "offset"):
+        top.set(arg, None)
+    return render(tree)
+
+
+def nonempty_runs_sql(sql: str, table_map: dict[str, str], reps: tuple[int, int],
+                      default_db: str = "default") -> str:
+    """The runs in [a, b) whose top-level aggregate receives at least one row: the threaded query
+    with its SELECT list reduced to `__rep` and without HAVING, ORDER BY or LIMIT."""
+    tree = parse(replace_tables(sql, table_map, default_db, reps=reps))
+    top = _top_select(tree)
+    group = top.args.get("group") if top is not None else None
+    if group is None:
+        raise ValueError("not a global aggregate")
+    top.set("expressions", [exp.alias_(group.expressions[-1].copy(), REP)])
+    for arg in ("having", "order", "limit", "distinct", "offset"):
+        top.set(arg, None)
+    return render(tree)
+
+
+def _fill_empty_runs(run: Callable[[str], pd.DataFrame], sql: str, table_map: dict[str, str],
+                     frame: pd.DataFrame, reps: tuple[int, int], default_db: str) -> pd.DataFrame:
+    """Add the outputs of the runs in [a, b) that are missing from a global aggregate's threaded
+    result because their input was empty (see the module docstring)."""
+    present = set(frame[REP].astype(np.int64).tolist()) if len(frame) else set()
+    missing = [r for r in range(reps[0], reps[1]) if r not in present]
+    if not missing:
+        return frame
+    if _top_select(parse(sql)).args.get("having") is not None:
+        # a run may also be missing because HAVING rejected its row: only runs that received no
+        # row at all are empty-input runs
+        nonempty = set(run(nonempty_runs_sql(sql, table_map, reps, default_db))[REP].astype(np.int64).tolist())
+        missing = [r for r in missing if r not in nonempty]
+    rng = np.random.default_rng()
+    parts = [frame] if len(frame) else []
+    for i in range(0, len(missing), EMPTY_RUNS_PER_QUERY):
+        chunk = missing[i:i + EMPTY_RUNS_PER_QUERY]
+        out = run(empty_input_sql(sql, table_map, len(chunk), default_db)).reset_index(drop=True)
+        # HAVING may drop some of the iid rows: give the survivors to a uniformly random subset of
+        # the runs, so that the runs' outputs stay iid (no row = the run released nothing)
+        out[REP] = rng.permutation(np.asarray(chunk, dtype=np.int64))[:len(out)]
+        parts.append(out)
+    if not parts:
+        return frame
+    return pd.concat(parts, ignore_index=True)
+
+
 @dataclass
 class SampleSet:
     """The raw result rows of N runs (column `__rep` = run index)."""
@@ -383,9 +467,13 @@ def draw_sql(run: Callable[[str], pd.DataFrame], sql: str, table_map: dict[str, 
             vectorise = False
     if vectorise:
         batch = max(1, min(n, rows_per_query // max(1, table_rows)))
+        global_aggregate = is_global_aggregate(sql)
         for start in range(0, n, batch):
             stop = min(n, start + batch)
-            frames.append(run(replace_tables(sql, table_map, default_db, reps=(start, stop))))
+            frame = run(replace_tables(sql, table_map, default_db, reps=(start, stop)))
+            if global_aggregate:
+                frame = _fill_empty_runs(run, sql, table_map, frame, (start, stop), default_db)
+            frames.append(frame)
             if on_batch:
                 on_batch(stop - start)
     else:

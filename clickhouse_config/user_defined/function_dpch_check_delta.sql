@@ -1,0 +1,1 @@
+CREATE FUNCTION dpch_check_delta AS (fn, delta) -> dpch_check_param(fn, 'delta', delta) + dpch_require(toFloat64(delta) > 0 AND toFloat64(delta) < 1, concat(fn, ': argument delta: delta must be in the open interval (0, 1)'))

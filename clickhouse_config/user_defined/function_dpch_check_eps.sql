@@ -1,0 +1,1 @@
+CREATE FUNCTION dpch_check_eps AS (fn, eps) -> dpch_check_param(fn, 'eps', eps) + dpch_require(toFloat64(eps) > 0 AND isFinite(toFloat64(eps)), concat(fn, ': argument eps: epsilon must be positive and finite'))

@@ -1,0 +1,1 @@
+CREATE FUNCTION dpch_check_param AS (fn, name, v) -> dpch_require(match(toTypeName(v), '^(U?Int(8|16|32|64|128|256)|Float(32|64)|BFloat16|Decimal(32|64|128|256)?\\([0-9, ]+\\))$'), concat(fn, ': argument ', name, ' must be numeric (got ', toTypeName(v), ')')) + dpch_require(toColumnTypeName(v) LIKE 'Const(%', concat(fn, ': argument ', name, ' must be a constant'))

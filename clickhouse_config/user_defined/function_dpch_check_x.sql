@@ -1,0 +1,1 @@
+CREATE FUNCTION dpch_check_x AS (fn, x) -> dpch_require(match(toTypeName(x), '^(LowCardinality\\()?(Nullable\\()?(Bool|U?Int(8|16|32|64|128|256)|Float(32|64)|BFloat16|Decimal(32|64|128|256)?\\([0-9, ]+\\))\\)?\\)?$'), concat(fn, ': argument x must be numeric (got ', toTypeName(x), ')'))

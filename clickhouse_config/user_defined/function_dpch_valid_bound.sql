@@ -1,1 +1,0 @@
-CREATE FUNCTION dpch_valid_bound AS (bound, lo, hi) -> toFloat64(bound) + throwIf(NOT (isFinite(toFloat64(lo)) AND isFinite(toFloat64(hi)) AND toFloat64(lo) <= toFloat64(hi)), 'dp_sum/dp_avg: clipping bounds must be finite with lo <= hi')
