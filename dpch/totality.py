@@ -84,13 +84,15 @@ FUNCTION_RULES: dict[str, Rule] = {
              "the -OrZero/-OrNull conversions never throw"),
     **_rules("rewrite", "intdiv intdivorzero",
              "intDiv throws on a zero divisor, on INT_MIN / -1 and (intDivOrZero too) on a float quotient outside "
-             "Int64: becomes intDivOrZero(if(ok, a, 0), if(ok, b, 1)) with ok = abs(a / b) < 4.6e18"),
+             "Int64 or an infinite divisor: becomes intDivOrZero(if(ok, a, 0), if(ok, b, 1)) with ok = isFinite(a) "
+             "AND isFinite(b) AND abs(a / b) < 4.6e18"),
     **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
     **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
                         "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime tobool "
                         "tounixtimestamp",
              "a conversion of a String (parse) or to an Enum/UUID/Bool can throw on a value: becomes "
-             "accurateCastOrNull(x, 'T'); numeric-to-numeric and numeric-to-date conversions are total as they are"),
+             "accurateCastOrNull(x, 'T'); a float NaN/inf to an integer or a date throws: only finite values are "
+             "converted (NULL otherwise); other numeric conversions wrap and are total as they are"),
     **_rules("rewrite", "todecimal32 todecimal64 todecimal128 todecimal256",
              "Decimal conversion and arithmetic throw on overflow and on division by zero: computed in Float64, "
              "truncated to the scale"),
@@ -207,11 +209,15 @@ _INTDIV_LIMIT = "4.6e18"  # < 2^63 with room for float rounding of the quotient
 
 
 def _total_intdiv(x: exp.Expression, y: exp.Expression) -> exp.Expression:
-    """intDivOrZero(if(ok, x, 0), if(ok, y, 1)), ok = abs(x / y) < 4.6e18 (false for y = 0, NaN, inf):
+    """intDivOrZero(if(ok, x, 0), if(ok, y, 1)), ok = isFinite(x) AND isFinite(y) AND abs(x / y) < 4.6e18:
     the integer division only ever sees a quotient that fits Int64."""
-    ok = exp.LT(this=exp.Anonymous(this="abs", expressions=[exp.Div(this=exp.Paren(this=x.copy()),
-                                                                     expression=exp.Paren(this=y.copy()))]),
-                expression=exp.Literal.number(_INTDIV_LIMIT))
+    in_range = exp.LT(this=exp.Anonymous(this="abs", expressions=[exp.Div(this=exp.Paren(this=x.copy()),
+                                                                           expression=exp.Paren(this=y.copy()))]),
+                      expression=exp.Literal.number(_INTDIV_LIMIT))
+    # an infinite divisor gives a quotient of 0 that still throws: both operands must be finite
+    ok = exp.And(this=exp.And(this=exp.Anonymous(this="isFinite", expressions=[x.copy()]),
+                              expression=exp.Anonymous(this="isFinite", expressions=[y.copy()])),
+                 expression=in_range)
     return exp.Anonymous(this="intDivOrZero", expressions=[
         exp.If(this=ok.copy(), true=x.copy(), false=exp.Literal.number(0)),
         exp.If(this=ok, true=y.copy(), false=exp.Literal.number(1))])
@@ -243,8 +249,22 @@ def _growth(node: exp.Expression) -> float:
     return factor * inner
 
 
+_SAFE_AMOUNTS = {"Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32"}
+_DATE_ADD = {f"{op}{unit}" for op in ("add", "subtract")
+             for unit in ("days", "weeks", "months", "years", "hours", "minutes", "seconds", "quarters")}
+
+
 def _conversion_arg(node: exp.Expression) -> exp.Expression:
-    return node.expressions[0] if isinstance(node, exp.Anonymous) else node.this
+    """The argument whose type decides the total form (the amount of a date addition)."""
+    if isinstance(node, exp.Anonymous):
+        return node.expressions[1] if func_name(node).lower() in _DATE_ADD else node.expressions[0]
+    return node.this
+
+
+def _finite_int(x: exp.Expression) -> exp.Expression:
+    """toInt64 of a float that is never NaN/inf (0 then): the conversion cannot throw."""
+    return exp.Anonymous(this="toInt64", expressions=[exp.If(
+        this=exp.Anonymous(this="isFinite", expressions=[x.copy()]), true=x.copy(), false=exp.Literal.number(0))])
 
 
 def _int_literal(node: exp.Expression | None) -> int | None:
@@ -378,10 +398,14 @@ class _Totalizer:
                 self.pending.append((node, node.args["to"].sql(dialect="clickhouse")))
             elif name in _CAST_TARGETS or name.startswith("todecimal") or name == "tounixtimestamp":
                 self.pending.append((node, _CAST_TARGETS.get(name, "")))
+            elif (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None):
+                self.pending.append((node, "amount"))
 
     def rewrite(self, root: exp.Expression, arg_types: dict[int, str]) -> exp.Expression:
         holder = exp.Paren(this=root)
-        for node in list(holder.walk()):
+        # children before parents (reversed breadth-first order): a rewrite copies its arguments,
+        # which must already be in their total form
+        for node in reversed(list(holder.walk(bfs=True))):
             name = _name(node)
             if name in ("intdiv", "intdivorzero"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
@@ -389,6 +413,12 @@ class _Totalizer:
             elif name in ("modulo", "mod"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.Mod) else node.expressions[:2]
                 node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
+            elif id(node) in arg_types and (name in _DATE_ADD or name == "interval"):
+                # the amount must be an Int64-range integer: a UInt64 above 2^63 throws "numeric
+                # overflow", a fractional amount makes a DateTime64 (a Decimal) that throws on overflow
+                amount = _conversion_arg(node)
+                if not isinstance(amount, exp.Literal) and base_type(arg_types[id(node)]) not in _SAFE_AMOUNTS:
+                    amount.replace(_finite_int(amount))
             elif id(node) in arg_types:
                 self._conversion(node, name, arg_types[id(node)])
         for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic and casts throw: Float64
@@ -428,6 +458,15 @@ class _Totalizer:
         total_as_is = not _stringy(arg_type) and tb.startswith(_SAFE_FROM_NUMBER) and tb != "Bool"
         if not total_as_is:
             node.replace(exp.Anonymous(this="accurateCastOrNull", expressions=[arg.copy(), exp.Literal.string(target)]))
+        elif base_type(arg_type).startswith(("Float", "BFloat", "Decimal")) and tb.startswith(("Int", "UInt", "Date")):
+            # (a Decimal argument is computed in Float64 after this pass, so it counts as a float)
+            # a float NaN/inf to an integer or a date throws: convert only finite values (NULL otherwise)
+            finite = exp.Anonymous(this="isFinite", expressions=[arg.copy()])
+            node.set("this" if isinstance(node, exp.Cast) else "expressions",
+                     exp.If(this=finite.copy(), true=arg.copy(), false=exp.Literal.number(0))
+                     if isinstance(node, exp.Cast) else
+                     [exp.If(this=finite.copy(), true=arg.copy(), false=exp.Literal.number(0))])
+            node.replace(exp.If(this=finite, true=node.copy(), false=exp.Null()))
 
     # -- main -----------------------------------------------------------------------------------
     def run_templates(self, b: BoundQuery, key_types: Sequence[str] | None) -> BoundQuery:
@@ -455,7 +494,7 @@ class _Totalizer:
         for where, root in roots:
             sub.check(root, where)
             sub.collect(root)
-        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([sql_of(_conversion_arg(n)) for n, _ in sub.pending]))}
+        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([_conversion_arg(n).sql(dialect="clickhouse") for n, _ in sub.pending]))}
         new_outputs = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.outputs, outputs))
         new_order = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.order, order))
         new_having = sub.rewrite(having, arg_types) if having is not None else None
@@ -480,7 +519,8 @@ class _Totalizer:
             self.collect(root)
         arg_types: dict[int, str] = {}
         if self.pending:
-            sqls = [sql_of(_conversion_arg(n)) for n, _ in self.pending]
+            # .sql() copies: sql_of generates in place, and the ClickHouse generator rewrites nodes
+            sqls = [_conversion_arg(n).sql(dialect="clickhouse") for n, _ in self.pending]
             if self.types is None:
                 types = ["String"] * len(sqls)  # unknown: assume the worst (a parse)
             else:
@@ -490,7 +530,8 @@ class _Totalizer:
         new_keys = []
         for k, e in zip(b.keys, keys):
             e2 = self.rewrite(e, arg_types)
-            new_keys.append(k if e2 == k.expr else replace(k, expr=e2, sql=sql_of(e2)))
+            # always rebuilt: sqlglot caches a node's hash, so == can miss an in-place rewrite
+            new_keys.append(replace(k, expr=e2, sql=sql_of(e2)))
         new_aggs = []
         for a, (arg, cond) in zip(b.aggregates, args):
             arg2 = self.rewrite(arg, arg_types) if arg is not None else None

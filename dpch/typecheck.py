@@ -24,8 +24,12 @@ from .errors import QueryRejected
 from .execute import sanitize_error
 
 # Settings of every rewritten query: no short-circuit evaluation (the cost of WHERE and of
-# conditions does not depend on which rows match), Decimal overflow does not throw.
-QUERY_SETTINGS = "short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0"
+# conditions does not depend on which rows match), Decimal overflow does not throw, and a CAST of a
+# NULL (which the total forms produce) stays NULL instead of throwing; if/CASE branches of different
+# types get a classic supertype or a type error, never a Variant (whose conversions the totality
+# rules do not cover: CAST of a Variant holding NaN to an integer throws).
+QUERY_SETTINGS = ("short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0, "
+                  "cast_keep_nullable = 1, use_variant_as_common_type = 0")
 
 
 def with_settings(sql: str) -> str:
@@ -52,7 +56,8 @@ def expression_types(backend, entry: TableEntry, sqls: Sequence[str]) -> list[st
 def _describe(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
     cols = ", ".join(f"{s} AS __dp_t{i}" for i, s in enumerate(sqls))
     try:
-        df = backend.query_df(f"DESCRIBE (SELECT {cols} FROM {default_row_sql(entry)})")
+        # the same settings as the query that will run (cast_keep_nullable changes types)
+        df = backend.query_df(with_settings(f"DESCRIBE (SELECT {cols} FROM {default_row_sql(entry)})"))
     except Exception as exc:
         raise _schema_error(entry, exc, "the query does not type-check") from None
     by_name = dict(zip(df["name"], df["type"]))

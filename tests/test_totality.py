@@ -44,8 +44,9 @@ def test_every_allowed_function_has_a_totality_rule():
 
 
 @pytest.mark.parametrize("condition,expected", [
-    ("intDiv(1, qty) = 0", "intDivOrZero(CASE WHEN abs((1) / (qty)) < 4.6e18 THEN 1 ELSE 0 END"),
-    ("intDivOrZero(amount * 1e12, 1) > 0", "CASE WHEN abs((amount * 1e12) / (1)) < 4.6e18"),
+    ("intDiv(1, qty) = 0", "intDivOrZero(CASE WHEN isFinite(1) AND isFinite(qty) AND abs((1) / (qty)) < 4.6e18 "
+                           "THEN 1 ELSE 0 END"),
+    ("intDivOrZero(amount * 1e12, 1) > 0", "abs((amount * 1e12) / (1)) < 4.6e18"),
     ("qty % 3 = 0", "moduloOrZero(qty, 3)"),
     ("modulo(qty, qty) = 0", "moduloOrZero(qty, qty)"),
     ("toInt64(name) > 0", "accurateCastOrNull(name, 'Int64')"),
@@ -57,13 +58,21 @@ def test_every_allowed_function_has_a_totality_rule():
     ("price / qty > 1", "toFloat64(price) / qty"),
     ("toUnixTimestamp(name) > 0", "toUnixTimestamp(accurateCastOrNull(name, 'DateTime'))"),
     ("tobool(name)", "accurateCastOrNull(name, 'Bool')"),
+    # float NaN/inf to an integer or a date throws: only finite values are converted
+    ("toInt64(amount) > 0", "CASE WHEN isFinite(amount) THEN toInt64(CASE WHEN isFinite(amount) THEN amount ELSE 0 END)"),
+    ("CAST(amount AS Int8) > 0", "CASE WHEN isFinite(amount) THEN CAST(CASE WHEN isFinite(amount) THEN amount ELSE 0 END AS Int8)"),
+    ("toDate(amount) > today()", "CASE WHEN isFinite(amount) THEN toDate("),
+    # nested: the inner conversion is rewritten before the outer one copies it
+    ("toDecimal64(toDecimal64(amount, 4), 4) > 0",
+     "trunc(accurateCastOrNull(trunc(accurateCastOrNull(amount, 'Float64'), 4), 'Float64'), 4)"),
+    ("intDiv(intDiv(qty, 0), 2) = 0", "intDivOrZero(CASE WHEN isFinite(intDivOrZero(CASE WHEN"),
 ])
 def test_partial_functions_become_total(condition, expected):
     assert expected in total_where(condition)
 
 
 @pytest.mark.parametrize("condition,kept", [
-    ("toInt64(amount) > 0", "toInt64(amount)"),  # numeric → integer wraps, never throws
+    ("toInt64(qty) > 0", "toInt64(qty)"),  # integer → integer wraps, never throws
     ("toDate(qty) > today()", "toDate(qty)"),
     ("price > 1.5", "price > 1.5"),  # Decimal comparison does not throw
     ("lower(name) = 'a'", "lower(name)"),
@@ -111,7 +120,8 @@ def test_post_processing_is_made_total_too():
     out = {o.name: sql_of(o.template) for o in b.outputs}
     assert "accurateCastOrNull(toString(" in out["p"] and "intDivOrZero(" in out["d"]
     assert "accurateCastOrNull" in sql_of(b.having)
-    assert sql_of(b.order[0].template).startswith("toInt64(")  # a released number: truncation stays
+    order = sql_of(b.order[0].template)  # a released number: truncation stays (NaN/inf guarded)
+    assert "toInt64(" in order and "accurateCastOrNull" not in order and "isFinite" in order
 
 
 def test_aggregate_arguments_conditions_and_keys_are_made_total():
@@ -149,13 +159,15 @@ ENGINE_CONDITIONS = [
     "toBool(name)",
     "toUnixTimestamp(name) > 0", "price / 0 > 1", "price * price > 1", "price - price * 1e30 < 0",
     "qty * qty > 0", "abs(qty) > 0", "-qty > 0", "sqrt(qty) > 0", "log(amount) > 0", "pow(amount, qty) > 0",
-    "exp(amount) > 1", "round(amount, 2) > 0", "intDivOrZero(qty, 0) = 0", "amount / 0 > 0",
+    "exp(amount) > 1", "round(amount, 2) > 0", "intDiv(qty, amount) = 0", "intDiv(amount, qty) = 0", "toInt64(amount) > 0", "CAST(amount AS Int8) > 0",
+    "toDate(amount) > today()", "toDateTime(amount) > now()", "toUInt32(amount / 0) = 0", "intDivOrZero(qty, 0) = 0", "amount / 0 > 0",
     "lower(name) = 'a'", "upper(name) = 'A'", "length(name) > 3", "reverse(name) = ''", "concat(name, name) = ''",
     "substring(name, 2, 3) = 'bc'", "substring(name, -5) = ''", "left(name, 2) = 'ab'", "leftPad(name, 20, '*') = ''",
     "position(name, 'b') > 0", "name LIKE '%b%'", "match(name, '^[0-9]+$')", "extract(name, '([0-9]+)') = '1'",
     "replaceRegexpAll(name, 'a+', 'b') = ''", "replaceAll(name, 'a', 'bb') = ''", "splitByChar(',', name) = []",
     "startsWith(name, 'a')", "trim(name) = ''", "hex(name) = ''",
     "toYear(day) > 2000", "toStartOfMonth(day) > today()", "addDays(day, qty) > today()", "addYears(ts, qty) > now()",
+    "addDays(day, amount) > today()", "addDays(day, toUInt64(qty)) > today()", "ts + INTERVAL amount SECOND > now()",
     "dateDiff('day', day, ts) > 0", "dateDiff(day, day, ts) > 0", "day + INTERVAL 3 DAY > today()",
     "toStartOfInterval(ts, INTERVAL 1 HOUR) > now()", "formatDateTime(ts, '%Y-%m') = ''", "date_trunc('month', day) > today()",
     "if(flag = 1, toInt64(name), 0) > 0", "multiIf(flag = 1, intDiv(1, qty), qty = 0, toInt64(name), 1) > 0",

@@ -1,0 +1,124 @@
+"""Property test of invariant 7 (issue 11): a query the controller accepts never fails at run time.
+
+Random row-level expressions are built from the allowed functions over columns holding extreme
+values (INT64_MIN/MAX, NaN, ±inf, unparsable strings, NULLs, Decimal extremes, the Date range
+ends); each goes into WHERE, a countIf condition and a GROUP BY key. Each query must either be
+rejected before the charge (QueryRejected / InvalidParameter, ledger unchanged), or run and be
+charged. An accepted query that then fails would be an oracle (its failure depends on the rows).
+The examples are derandomized: the same expressions every run, so the test is deterministic.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dpch.errors import InvalidParameter, QueryRejected
+from test_totality import DB, tdb  # noqa: F401  (the extreme-values table fixture)
+
+NUM_LEAVES = ["qty", "amount", "user_id", "flag", "0", "-1", "2", "9223372036854775807", "(-9223372036854775807 - 1)",
+              "0.5", "1e308", "-1e-300", "nan"]
+STR_LEAVES = ["name", "nname", "'abc'", "''", "'2024-01-01'", "'12'"]
+DATE_LEAVES = ["day", "ts", "today()"]
+
+
+def _num(children):
+    num, strs, dates, conds = children
+    return st.one_of(
+        st.builds(lambda a, b, op: f"({a} {op} {b})", num, num, st.sampled_from(["+", "-", "*", "/", "%"])),
+        st.builds(lambda f, a, b: f"{f}({a}, {b})", st.sampled_from(["intDiv", "intDivOrZero", "least", "greatest",
+                                                                   "moduloOrZero", "pow"]), num, num),
+        st.builds(lambda f, a: f"{f}({a})", st.sampled_from(["abs", "sqrt", "log", "exp", "toInt64", "toUInt8",
+                                                            "toFloat64", "toInt32", "negate", "sign", "floor"]), num),
+        st.builds(lambda a: f"toDecimal64({a}, 4)", num),
+        st.builds(lambda a, t: f"CAST({a} AS {t})", num, st.sampled_from(["Int8", "UInt64", "Float32", "Int64"])),
+        st.builds(lambda f, s: f"{f}({s})", st.sampled_from(["toInt64", "toFloat64", "toUInt32", "length",
+                                                            "toUnixTimestamp"]), strs),
+        st.builds(lambda s: f"position({s}, 'a')", strs),
+        st.builds(lambda f, d: f"{f}({d})", st.sampled_from(["toYear", "toDayOfMonth", "toUnixTimestamp"]), dates),
+        st.builds(lambda d1, d2: f"dateDiff('day', {d1}, {d2})", dates, dates),
+        st.builds(lambda c, a, b: f"if({c}, {a}, {b})", conds, num, num),
+        st.builds(lambda c, a, b: f"multiIf({c}, {a}, {b})", conds, num, num),
+        st.builds(lambda a: f"round({a}, 2)", num),
+    )
+
+
+def _str(children):
+    num, strs, dates, conds = children
+    return st.one_of(
+        st.builds(lambda f, s: f"{f}({s})", st.sampled_from(["lower", "upper", "reverse", "trim", "hex"]), strs),
+        st.builds(lambda a, b: f"concat({a}, {b})", strs, strs),
+        st.builds(lambda s: f"substring({s}, 2, 3)", strs),
+        st.builds(lambda s: f"leftPad({s}, 5, '*')", strs),
+        st.builds(lambda s: f"replaceAll({s}, 'a', 'bb')", strs),
+        st.builds(lambda a: f"toString({a})", num),
+        st.builds(lambda d: f"formatDateTime({d}, '%Y-%m')", dates),
+        st.builds(lambda c, a, b: f"if({c}, {a}, {b})", conds, strs, strs),
+    )
+
+
+def _date(children):
+    num, strs, dates, conds = children
+    return st.one_of(
+        st.builds(lambda s: f"toDate({s})", strs),
+        st.builds(lambda d, a: f"addDays({d}, {a})", dates, num),
+        st.builds(lambda d: f"toStartOfMonth({d})", dates),
+        st.builds(lambda d: f"({d} + INTERVAL 1 DAY)", dates),
+        st.builds(lambda a: f"toDate({a})", num),
+        st.builds(lambda s: f"toDateTime({s})", strs),
+    )
+
+
+def _cond(children):
+    num, strs, dates, conds = children
+    return st.one_of(
+        st.builds(lambda a, b, op: f"({a} {op} {b})", num, num, st.sampled_from([">", "<=", "=", "!="])),
+        st.builds(lambda a, b: f"({a} = {b})", strs, strs),
+        st.builds(lambda s: f"({s} LIKE '%a%')", strs),
+        st.builds(lambda s: f"match({s}, '^[0-9]+$')", strs),
+        st.builds(lambda d: f"({d} > toDate('2020-01-01'))", dates),
+        st.builds(lambda a, b, op: f"({a} {op} {b})", conds, conds, st.sampled_from(["AND", "OR"])),
+        st.builds(lambda c: f"(NOT {c})", conds),
+        st.builds(lambda a: f"isNull({a})", num),
+        st.builds(lambda a: f"({a} IN (1, 2))", num),
+        st.builds(lambda c: f"(user_id = 3 AND {c})", conds),
+    )
+
+
+def _typed(depth: int):
+    leaves = (st.sampled_from(NUM_LEAVES), st.sampled_from(STR_LEAVES), st.sampled_from(DATE_LEAVES),
+              st.sampled_from(["(flag = 1)", "(qty > 0)", "(name = 'abc')"]))
+    if depth == 0:
+        return leaves
+    children = _typed(depth - 1)
+    return tuple(st.one_of(leaf, make(children)) for leaf, make in zip(leaves, (_num, _str, _date, _cond)))
+
+
+EXPRS = _typed(3)
+
+
+def _run(db, sql: str, **kw) -> str:
+    before = db.ledger.remaining(db.analyst, f"{DB}.ext").queries
+    try:
+        db.query(sql, **kw)
+    except (QueryRejected, InvalidParameter):
+        assert db.ledger.remaining(db.analyst, f"{DB}.ext").queries == before, f"rejected but charged: {sql}"
+        return "rejected"
+    # anything else (BackendError after the charge) propagates and fails the test with the query
+    assert db.ledger.remaining(db.analyst, f"{DB}.ext").queries == before + 1
+    return "ok"
+
+
+@settings(max_examples=250, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(cond=EXPRS[3], key=EXPRS[1], value=EXPRS[0])
+def test_accepted_random_expressions_never_fail(tdb, cond, key, value):  # noqa: F811
+    _run(tdb, f"SELECT COUNT(*) AS n, countIf({cond}) AS c FROM {DB}.ext WHERE {cond}", epsilon=1.0)
+    _run(tdb, f"SELECT {key} AS g, COUNT(*) AS n FROM {DB}.ext WHERE {cond} GROUP BY g", epsilon=1.0, delta=1e-6)
+    _run(tdb, f"SELECT {value} AS g, COUNT(*) AS n FROM {DB}.ext GROUP BY g", epsilon=1.0, delta=1e-6)
+
+
+def test_the_fuzzer_reaches_accepted_queries(tdb):  # noqa: F811
+    """Guard against a vacuous property: a plain generated-style query is accepted and charged."""
+    assert _run(tdb, f"SELECT COUNT(*) AS n FROM {DB}.ext WHERE (toInt64(name) > 2) AND match(name, '^[0-9]+$')",
+                epsilon=1.0) == "ok"
