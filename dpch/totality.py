@@ -254,10 +254,16 @@ _DATE_ADD = {f"{op}{unit}" for op in ("add", "subtract")
              for unit in ("days", "weeks", "months", "years", "hours", "minutes", "seconds", "quarters")}
 
 
+_DATE_ADD_UNIT = {"dateadd", "datesub", "date_add", "date_sub", "timestampadd", "timestampsub"}  # (unit, n, d)
+
+
 def _conversion_arg(node: exp.Expression) -> exp.Expression:
     """The argument whose type decides the total form (the amount of a date addition)."""
     if isinstance(node, exp.Anonymous):
-        return node.expressions[1] if func_name(node).lower() in _DATE_ADD else node.expressions[0]
+        name = func_name(node).lower()
+        return node.expressions[1] if name in _DATE_ADD or name in _DATE_ADD_UNIT else node.expressions[0]
+    if isinstance(node, (exp.DateAdd, exp.DateSub, exp.TimestampAdd, exp.TimestampSub)):
+        return node.expression
     return node.this
 
 
@@ -398,7 +404,9 @@ class _Totalizer:
                 self.pending.append((node, node.args["to"].sql(dialect="clickhouse")))
             elif name in _CAST_TARGETS or name.startswith("todecimal") or name == "tounixtimestamp":
                 self.pending.append((node, _CAST_TARGETS.get(name, "")))
-            elif (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None):
+            elif (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None) \
+                    or (name in _DATE_ADD_UNIT and (len(node.expressions) == 3 if isinstance(node, exp.Anonymous)
+                                                    else node.args.get("expression") is not None)):
                 self.pending.append((node, "amount"))
 
     def rewrite(self, root: exp.Expression, arg_types: dict[int, str]) -> exp.Expression:
@@ -413,7 +421,7 @@ class _Totalizer:
             elif name in ("modulo", "mod"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.Mod) else node.expressions[:2]
                 node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
-            elif id(node) in arg_types and (name in _DATE_ADD or name == "interval"):
+            elif id(node) in arg_types and (name in _DATE_ADD or name in _DATE_ADD_UNIT or name == "interval"):
                 # the amount must be an Int64-range integer: a UInt64 above 2^63 throws "numeric
                 # overflow", a fractional amount makes a DateTime64 (a Decimal) that throws on overflow
                 amount = _conversion_arg(node)

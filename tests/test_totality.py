@@ -168,6 +168,7 @@ ENGINE_CONDITIONS = [
     "startsWith(name, 'a')", "trim(name) = ''", "hex(name) = ''",
     "toYear(day) > 2000", "toStartOfMonth(day) > today()", "addDays(day, qty) > today()", "addYears(ts, qty) > now()",
     "addDays(day, amount) > today()", "addDays(day, toUInt64(qty)) > today()", "ts + INTERVAL amount SECOND > now()",
+    "dateAdd(day, amount, day) > today()", "date_sub(HOUR, toUInt64(qty), ts) > now()",
     "dateDiff('day', day, ts) > 0", "dateDiff(day, day, ts) > 0", "day + INTERVAL 3 DAY > today()",
     "toStartOfInterval(ts, INTERVAL 1 HOUR) > now()", "formatDateTime(ts, '%Y-%m') = ''", "date_trunc('month', day) > today()",
     "if(flag = 1, toInt64(name), 0) > 0", "multiIf(flag = 1, intDiv(1, qty), qty = 0, toInt64(name), 1) > 0",

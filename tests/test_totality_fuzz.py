@@ -9,16 +9,15 @@ The examples are derandomized: the same expressions every run, so the test is de
 """
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpch.errors import InvalidParameter, QueryRejected
 from test_totality import DB, tdb  # noqa: F401  (the extreme-values table fixture)
 
-NUM_LEAVES = ["qty", "amount", "user_id", "flag", "0", "-1", "2", "9223372036854775807", "(-9223372036854775807 - 1)",
+NUM_LEAVES = ["qty", "amount", "user_id", "flag", "price", "0", "-1", "2", "toUInt64(18446744073709551615)", "-0.", "inf", "9223372036854775807", "(-9223372036854775807 - 1)",
               "0.5", "1e308", "-1e-300", "nan"]
-STR_LEAVES = ["name", "nname", "'abc'", "''", "'2024-01-01'", "'12'"]
+STR_LEAVES = ["name", "nname", "'abc'", "''", "'2024-01-01'", "'12'", "toString(kind)", "'1e400'", "'-0x10'"]
 DATE_LEAVES = ["day", "ts", "today()"]
 
 
@@ -40,6 +39,20 @@ def _num(children):
         st.builds(lambda c, a, b: f"if({c}, {a}, {b})", conds, num, num),
         st.builds(lambda c, a, b: f"multiIf({c}, {a}, {b})", conds, num, num),
         st.builds(lambda a: f"round({a}, 2)", num),
+        st.builds(lambda f, a: f"{f}({a})", st.sampled_from(["cbrt", "exp2", "log2", "ceil", "trunc", "roundBankers",
+                                                            "toFloat32", "toUInt16", "toInt16", "toDate32"]), num),
+        st.builds(lambda a, b: f"intDivOrZero({a}, {b})", num, num),
+        st.builds(lambda s: f"toInt64OrZero({s})", strs),
+        st.builds(lambda s: f"indexOf(['a', 'b'], {s})", strs),
+        st.builds(lambda s, t: f"positionCaseInsensitive({s}, {t})", strs, strs),
+        st.builds(lambda d: f"toRelativeDayNum({d})", dates),
+        st.builds(lambda d: f"toYYYYMM({d})", dates),
+        st.builds(lambda s: f"CAST({s} AS UUID) IS NULL", strs),
+        st.builds(lambda a: f"toDecimal32({a}, 2)", num),
+        st.builds(lambda a, b: f"({a} / {b})", num, num),
+        st.builds(lambda a: f"CAST({a} AS Decimal(10, 2))", num),
+        st.builds(lambda s: f"lengthUTF8({s})", strs),
+        st.builds(lambda s: f"extract({s}, '[0-9]+') = ''", strs),
     )
 
 
@@ -54,6 +67,16 @@ def _str(children):
         st.builds(lambda a: f"toString({a})", num),
         st.builds(lambda d: f"formatDateTime({d}, '%Y-%m')", dates),
         st.builds(lambda c, a, b: f"if({c}, {a}, {b})", conds, strs, strs),
+        st.builds(lambda s: f"replaceRegexpAll({s}, '[0-9]', 'x')", strs),
+        st.builds(lambda s: f"rightPad({s}, 3, 'z')", strs),
+        st.builds(lambda s: f"left({s}, 2)", strs),
+        st.builds(lambda a: f"toString(toDecimal64({a}, 2))", num),
+        st.builds(lambda d: f"toString({d})", dates),
+        st.builds(lambda s: f"coalesce({s}, 'x')", strs),
+        st.builds(lambda s: f"nullIf({s}, '')", strs),
+        st.builds(lambda s: f"concatWithSeparator('-', {s}, {s})", strs),
+        st.builds(lambda s: f"upperUTF8({s})", strs),
+        st.builds(lambda s: f"unhex({s})", strs),
     )
 
 
@@ -66,6 +89,15 @@ def _date(children):
         st.builds(lambda d: f"({d} + INTERVAL 1 DAY)", dates),
         st.builds(lambda a: f"toDate({a})", num),
         st.builds(lambda s: f"toDateTime({s})", strs),
+        st.builds(lambda d, a: f"addMonths({d}, {a})", dates, num),
+        st.builds(lambda d, a: f"subtractYears({d}, {a})", dates, num),
+        st.builds(lambda d, a: f"({d} - INTERVAL {a} HOUR)", dates, num),
+        st.builds(lambda d: f"toMonday({d})", dates),
+        st.builds(lambda d: f"toStartOfInterval({d}, INTERVAL 7 DAY)", dates),
+        st.builds(lambda d: f"date_trunc('week', {d})", dates),
+        st.builds(lambda a: f"fromUnixTimestamp({a})", num),
+        st.builds(lambda a: f"toDateTime({a})", num),
+        st.builds(lambda d, a: f"dateAdd(day, {a}, {d})", dates, num),
     )
 
 
@@ -82,6 +114,14 @@ def _cond(children):
         st.builds(lambda a: f"isNull({a})", num),
         st.builds(lambda a: f"({a} IN (1, 2))", num),
         st.builds(lambda c: f"(user_id = 3 AND {c})", conds),
+        st.builds(lambda s: f"({s} ILIKE 'A%')", strs),
+        st.builds(lambda s: f"startsWith({s}, 'a')", strs),
+        st.builds(lambda s: f"has(['a', 'b'], {s})", strs),
+        st.builds(lambda a, b: f"({a} BETWEEN {b} AND 10)", num, num),
+        st.builds(lambda a: f"isNaN({a})", num),
+        st.builds(lambda s: f"(kind = {s})", strs),
+        st.builds(lambda s: f"({s} IN ('a', NULL))", strs),
+        st.builds(lambda a, b: f"({a} <=> {b})", num, num),
     )
 
 
