@@ -102,24 +102,30 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
 
 
 class Renderer:
+    """ClickHouse renders the released DataFrame: the embedded backend's own engine, or (for a
+    server backend, whose results are already local) a private in-memory chDB session."""
+
     def __init__(self, backend):
-        self._session = getattr(backend, "_session", None) if getattr(backend, "kind", "") == "embedded" else None
-        self._lock = getattr(backend, "_lock", None) if self._session is not None else threading.Lock()
-        if self._session is None:  # a server backend: a private in-memory engine renders
+        if getattr(backend, "kind", "") == "embedded":
+            self._render = backend.render_data
+        else:
             from chdb import session as chdb_session
 
-            self._session = chdb_session.Session()
+            session, lock = chdb_session.Session(), threading.Lock()
+
+            def render(sql, data, fmt):
+                dpch_source = data  # noqa: F841  (chDB resolves Python(name) from this frame)
+                with lock:
+                    return session.query(sql, fmt).bytes()
+            self._render = render
 
     def render(self, df: pd.DataFrame, fmt: str, settings: dict[str, str] | None = None) -> bytes:
-        dpch_out_df = _prepare(df)  # noqa: F841  (chDB resolves Python(name) from this frame; no leading __: name mangling)
-        sql = "SELECT * FROM Python(dpch_out_df)"
+        sql = "SELECT * FROM Python(dpch_source)"
         if settings:
             sql += " SETTINGS " + ", ".join(f"{k} = {_sql_string(v)}" for k, v in settings.items())
-        with self._lock:
-            try:
-                res = self._session.query(sql, fmt)
-            except Exception as exc:  # noqa: BLE001 - the formatter saw only released values
-                names = re.findall(r"\(([A-Z][A-Z0-9_]+)\)", str(exc))
-                raise GatewayError(BAD_ARGUMENTS, f"cannot render the result as {fmt} "
-                                   f"({names[-1] if names else type(exc).__name__})") from None
-        return res.bytes()
+        try:
+            return self._render(sql, _prepare(df), fmt)
+        except Exception as exc:  # noqa: BLE001 - the formatter saw only released values
+            names = re.findall(r"\(([A-Z][A-Z0-9_]+)\)", str(exc))
+            raise GatewayError(BAD_ARGUMENTS, f"cannot render the result as {fmt} "
+                               f"({names[-1] if names else type(exc).__name__})") from None
