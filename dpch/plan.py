@@ -561,7 +561,7 @@ class _Planner:
             return KeyDomain(array_sql=arr, filter_sql=col_filter, source=source, size=size)
         # an expression of one column with a public domain: its image (keys outside it are dropped)
         lam = _substitute_column(key.expr, col, "__dp_x")
-        image = f"arrayDistinct(arrayMap(__dp_x -> {lam}, {arr}))"
+        image = _distinct(f"arrayMap(__dp_x -> {lam}, {arr})")  # the image may hold NULL (nullIf)
         return KeyDomain(array_sql=image, filter_sql=col_filter, source=source, size=size)
 
     # -- main -------------------------------------------------------------------------------
@@ -728,13 +728,13 @@ class _Planner:
         return GaussianMechanism(q.scale, True).cost(q.l2, q.delta, q.epsilon, label=label)
 
 
-def _distinct(arr: str, has_null: bool) -> str:
+def _distinct(arr: str, has_null: bool = True) -> str:
     """The array's distinct values, de-duplicated in the engine in the array's type. arrayDistinct
-    drops NULL, a group like any other: with a NULL value, a first-occurrence filter keeps it (it
-    spells the array three times, so it is used only then)."""
+    drops NULL, a group like any other: where a NULL may be present the values go through 1-tuples
+    (a tuple holding NULL is not NULL), which still spells the array once."""
     if not has_null:
         return f"arrayDistinct({arr})"
-    return f"arrayFilter((__dp_x, __dp_i) -> indexOf({arr}, __dp_x) = __dp_i, {arr}, arrayEnumerate({arr}))"
+    return f"arrayMap(__dp_t -> __dp_t.1, arrayDistinct(arrayMap(__dp_x -> tuple(__dp_x), {arr})))"
 
 
 def _array_elem_type(typ: str) -> str:
