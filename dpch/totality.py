@@ -84,8 +84,9 @@ FUNCTION_RULES: dict[str, Rule] = {
              "the -OrZero/-OrNull conversions never throw"),
     **_rules("rewrite", "intdiv intdivorzero",
              "intDiv throws on a zero divisor, on INT_MIN / -1 and (intDivOrZero too) on a float quotient outside "
-             "Int64 or an infinite divisor: becomes intDivOrZero(if(ok, a, 0), if(ok, b, 1)) with ok = isFinite(a) "
-             "AND isFinite(b) AND abs(a / b) < 4.6e18"),
+             "its result type (Int32 for a Float32) or an infinite divisor: becomes intDivOrZero(if(ok, a, 0), "
+             "if(ok, b, 1)) with ok = isFinite(a) AND isFinite(b) AND abs(a / b) < the limit of the result type "
+             "(4.6e18 for Int64)"),
     **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
     **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
                         "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime tobool "
@@ -208,12 +209,20 @@ def _name(node: exp.Expression) -> str:
 _INTDIV_LIMIT = "4.6e18"  # < 2^63 with room for float rounding of the quotient
 
 
-def _total_intdiv(x: exp.Expression, y: exp.Expression) -> exp.Expression:
-    """intDivOrZero(if(ok, x, 0), if(ok, y, 1)), ok = isFinite(x) AND isFinite(y) AND abs(x / y) < 4.6e18:
-    the integer division only ever sees a quotient that fits Int64."""
+# the largest quotient an integer division may compute, by its result type: intDiv of a Float32
+# gives an Int32 and throws above 2^31; of integers the quotient fits its type anyway (but INT_MIN
+# / -1, which the limit also excludes); 64-bit limits leave room for the float rounding of x / y
+_INTDIV_LIMITS = {"Int8": "127", "Int16": "32767", "Int32": "2147483647", "UInt8": "255", "UInt16": "65535",
+                  "UInt32": "4294967295", "Int64": _INTDIV_LIMIT, "UInt64": "1.8e19"}
+
+
+def _total_intdiv(x: exp.Expression, y: exp.Expression, result_type: str = "Int32") -> exp.Expression:
+    """intDivOrZero(if(ok, x, 0), if(ok, y, 1)), ok = isFinite(x) AND isFinite(y) AND abs(x / y) <
+    the limit of the division's result type: the integer division only sees a quotient that fits."""
+    limit = _INTDIV_LIMITS.get(base_type(result_type), "2147483647")  # unknown: the smallest float result
     in_range = exp.LT(this=exp.Anonymous(this="abs", expressions=[exp.Div(this=exp.Paren(this=x.copy()),
                                                                            expression=exp.Paren(this=y.copy()))]),
-                      expression=exp.Literal.number(_INTDIV_LIMIT))
+                      expression=exp.Literal.number(limit))
     # an infinite divisor gives a quotient of 0 that still throws: both operands must be finite
     ok = exp.And(this=exp.And(this=exp.Anonymous(this="isFinite", expressions=[x.copy()]),
                               expression=exp.Anonymous(this="isFinite", expressions=[y.copy()])),
@@ -255,6 +264,18 @@ _DATE_ADD = {f"{op}{unit}" for op in ("add", "subtract")
 
 
 _DATE_ADD_UNIT = {"dateadd", "datesub", "date_add", "date_sub", "timestampadd", "timestampsub"}  # (unit, n, d)
+
+
+def _type_probe_sql(node: exp.Expression) -> str:
+    """The SQL whose type decides the node's total form: the argument of a conversion, the amount
+    of a date addition, or for an integer division its own result type (asked with materialized
+    operands: a constant division by zero would otherwise throw while it is analysed)."""
+    if isinstance(node, exp.IntDiv) or (isinstance(node, exp.Anonymous)
+                                        and func_name(node).lower() in ("intdiv", "intdivorzero")):
+        x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
+        return (f"intDivOrZero(materialize({x.sql(dialect='clickhouse')}), "
+                f"materialize({y.sql(dialect='clickhouse')}))")
+    return _conversion_arg(node).sql(dialect="clickhouse")
 
 
 def _conversion_arg(node: exp.Expression) -> exp.Expression:
@@ -404,6 +425,8 @@ class _Totalizer:
                 self.pending.append((node, node.args["to"].sql(dialect="clickhouse")))
             elif name in _CAST_TARGETS or name.startswith("todecimal") or name == "tounixtimestamp":
                 self.pending.append((node, _CAST_TARGETS.get(name, "")))
+            elif name in ("intdiv", "intdivorzero"):
+                self.pending.append((node, "quotient"))  # its own result type sets the limit
             elif (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None) \
                     or (name in _DATE_ADD_UNIT and (len(node.expressions) == 3 if isinstance(node, exp.Anonymous)
                                                     else node.args.get("expression") is not None)):
@@ -417,7 +440,7 @@ class _Totalizer:
             name = _name(node)
             if name in ("intdiv", "intdivorzero"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
-                node.replace(_total_intdiv(x, y))
+                node.replace(_total_intdiv(x, y, arg_types.get(id(node), "")))
             elif name in ("modulo", "mod"):
                 x, y = (node.this, node.expression) if isinstance(node, exp.Mod) else node.expressions[:2]
                 node.replace(exp.Paren(this=exp.Anonymous(this="moduloOrZero", expressions=[x, y])))
@@ -502,7 +525,7 @@ class _Totalizer:
         for where, root in roots:
             sub.check(root, where)
             sub.collect(root)
-        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([_conversion_arg(n).sql(dialect="clickhouse") for n, _ in sub.pending]))}
+        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([_type_probe_sql(n) for n, _ in sub.pending]))}
         new_outputs = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.outputs, outputs))
         new_order = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.order, order))
         new_having = sub.rewrite(having, arg_types) if having is not None else None
@@ -528,7 +551,7 @@ class _Totalizer:
         arg_types: dict[int, str] = {}
         if self.pending:
             # .sql() copies: sql_of generates in place, and the ClickHouse generator rewrites nodes
-            sqls = [_conversion_arg(n).sql(dialect="clickhouse") for n, _ in self.pending]
+            sqls = [_type_probe_sql(n) for n, _ in self.pending]
             if self.types is None:
                 types = ["String"] * len(sqls)  # unknown: assume the worst (a parse)
             else:
