@@ -269,7 +269,8 @@ _DATE_ADD_UNIT = {"dateadd", "datesub", "date_add", "date_sub", "timestampadd", 
 def _type_probe_sql(node: exp.Expression) -> str:
     """The SQL whose type decides the node's total form: the argument of a conversion, the amount
     of a date addition, or for an integer division its own result type (asked with materialized
-    operands: a constant division by zero would otherwise throw while it is analysed)."""
+    operands: a constant division by zero would otherwise throw while it is analysed). Always a
+    copy (.sql()): sql_of generates in place, and the ClickHouse generator rewrites nodes."""
     if isinstance(node, exp.IntDiv) or (isinstance(node, exp.Anonymous)
                                         and func_name(node).lower() in ("intdiv", "intdivorzero")):
         x, y = (node.this, node.expression) if isinstance(node, exp.IntDiv) else node.expressions[:2]
@@ -321,7 +322,7 @@ class _Totalizer:
         self.bound = bound
         self.entry = bound.entry
         self.types = types
-        self.pending: list[tuple[exp.Expression, str]] = []  # (conversion node, target type)
+        self.pending: list[exp.Expression] = []  # nodes whose total form depends on a type
 
     # -- checks ---------------------------------------------------------------------------------
     def check(self, root: exp.Expression, where: str) -> None:
@@ -418,19 +419,29 @@ class _Totalizer:
 
     # -- rewriting ------------------------------------------------------------------------------
     def collect(self, root: exp.Expression) -> None:
-        """Conversions whose totality depends on their argument's type (asked of the engine)."""
+        """Nodes whose total form depends on a type (asked of the engine, see _type_probe_sql):
+        conversions, integer divisions (their result type sets the quotient limit) and date
+        additions (their amount)."""
         for node in root.walk():
             name = _name(node)
-            if name == "cast":
-                self.pending.append((node, node.args["to"].sql(dialect="clickhouse")))
-            elif name in _CAST_TARGETS or name.startswith("todecimal") or name == "tounixtimestamp":
-                self.pending.append((node, _CAST_TARGETS.get(name, "")))
-            elif name in ("intdiv", "intdivorzero"):
-                self.pending.append((node, "quotient"))  # its own result type sets the limit
-            elif (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None) \
+            if name in ("cast", "intdiv", "intdivorzero", "tounixtimestamp") or name in _CAST_TARGETS \
+                    or name.startswith("todecimal") \
+                    or (name in _DATE_ADD and len(node.expressions) == 2) or (name == "interval" and node.this is not None) \
                     or (name in _DATE_ADD_UNIT and (len(node.expressions) == 3 if isinstance(node, exp.Anonymous)
                                                     else node.args.get("expression") is not None)):
-                self.pending.append((node, "amount"))
+                self.pending.append(node)
+
+    def _typed(self, roots: list[tuple[str, exp.Expression]]) -> dict[int, str]:
+        """Check and collect every root, then ask the types of the collected nodes in one call:
+        {id(node): type}."""
+        for where, root in roots:
+            self.check(root, where)
+            self.collect(root)
+        if not self.pending:
+            return {}
+        sqls = [_type_probe_sql(n) for n in self.pending]
+        types = self.types(sqls) if self.types is not None else ["String"] * len(sqls)  # unknown: the worst (a parse)
+        return {id(n): t for n, t in zip(self.pending, types)}
 
     def rewrite(self, root: exp.Expression, arg_types: dict[int, str]) -> exp.Expression:
         holder = exp.Paren(this=root)
@@ -500,35 +511,18 @@ class _Totalizer:
             node.replace(exp.If(this=finite, true=node.copy(), false=exp.Null()))
 
     # -- main -----------------------------------------------------------------------------------
-    def run_templates(self, b: BoundQuery, key_types: Sequence[str] | None) -> BoundQuery:
+    def run_templates(self) -> BoundQuery:
         """Post-processing over released values (outputs, HAVING, ORDER BY): not private, but an
-        accepted query must not fail at run time either, so the same rules apply. Released
-        aggregates are numbers; keys have the engine's types."""
-        def types(sqls: Sequence[str]) -> list[str]:
-            out = []
-            for s in sqls:
-                s = s.strip('`"')
-                if s.startswith("__dp_a"):
-                    out.append("Float64")
-                elif s.startswith("__dp_k") and key_types is not None:
-                    out.append(key_types[int(s[len("__dp_k"):])])
-                else:
-                    out.append("String")  # unknown: the conservative total form
-            return out
-
-        sub = _Totalizer(b, types)
+        accepted query must not fail at run time either, so the same rules apply."""
+        b = self.bound
         outputs = [o.template.copy() for o in b.outputs]
         having = b.having.copy() if b.having is not None else None
         order = [o.template.copy() for o in b.order]
-        roots = [("SELECT", t) for t in outputs] + ([("HAVING", having)] if having is not None else []) + \
-            [("ORDER BY", t) for t in order]
-        for where, root in roots:
-            sub.check(root, where)
-            sub.collect(root)
-        arg_types = {id(n): t for (n, _), t in zip(sub.pending, types([_type_probe_sql(n) for n, _ in sub.pending]))}
-        new_outputs = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.outputs, outputs))
-        new_order = tuple(replace(o, template=sub.rewrite(t, arg_types)) for o, t in zip(b.order, order))
-        new_having = sub.rewrite(having, arg_types) if having is not None else None
+        arg_types = self._typed([("SELECT", t) for t in outputs] + ([("HAVING", having)] if having is not None else [])
+                                + [("ORDER BY", t) for t in order])
+        new_outputs = tuple(replace(o, template=self.rewrite(t, arg_types)) for o, t in zip(b.outputs, outputs))
+        new_order = tuple(replace(o, template=self.rewrite(t, arg_types)) for o, t in zip(b.order, order))
+        new_having = self.rewrite(having, arg_types) if having is not None else None
         return replace(b, outputs=new_outputs, having=new_having, order=new_order)
 
     def run(self) -> BoundQuery:
@@ -545,18 +539,7 @@ class _Totalizer:
             for part in (arg, cond):
                 if part is not None:
                     roots.append((a.text, part))
-        for where_text, root in roots:
-            self.check(root, where_text)
-            self.collect(root)
-        arg_types: dict[int, str] = {}
-        if self.pending:
-            # .sql() copies: sql_of generates in place, and the ClickHouse generator rewrites nodes
-            sqls = [_type_probe_sql(n) for n, _ in self.pending]
-            if self.types is None:
-                types = ["String"] * len(sqls)  # unknown: assume the worst (a parse)
-            else:
-                types = self.types(sqls)
-            arg_types = {id(n): t for (n, _), t in zip(self.pending, types)}
+        arg_types = self._typed(roots)
         new_where = self.rewrite(where, arg_types) if where is not None else None
         new_keys = []
         for k, e in zip(b.keys, keys):
@@ -582,7 +565,20 @@ def make_total(bound: BoundQuery, types: TypesOf | None = None) -> BoundQuery:
 def make_total_templates(bound: BoundQuery, key_types: Sequence[str] | None = None) -> BoundQuery:
     """The same for the post-processing templates (outputs, HAVING, ORDER BY) over released
     values; ``key_types`` are the GROUP BY keys' types."""
-    return _Totalizer(bound, None).run_templates(bound, key_types)
+    def types(sqls: Sequence[str]) -> list[str]:
+        # released aggregates are numbers, keys have the engine's types; anything else is unknown
+        # (the conservative total form)
+        out = []
+        for sql in sqls:
+            name = sql.strip('`"')
+            if name.startswith("__dp_a"):
+                out.append("Float64")
+            elif name.startswith("__dp_k") and key_types is not None:
+                out.append(key_types[int(name[len("__dp_k"):])])
+            else:
+                out.append("String")
+        return out
+    return _Totalizer(bound, types).run_templates()
 
 
 def rules_table() -> str:
