@@ -82,7 +82,7 @@ from .bind import AggCall, BoundQuery, KeySpec, sql_of
 from .catalog import TableEntry, base_type, is_integer_type, literal_sql, quote_ident
 from .cost import MechanismCost, PrivacyCost
 from .errors import CatalogError, InvalidParameter, QueryRejected
-from .bounds import _INT_RANGES, _TYPE_BOUNDS, Interval, _flit, bound_expression, expr_nullable  # noqa: F401
+from .bounds import Interval, _flit, bound_expression, expr_nullable
 from .mechanisms import GaussianMechanism, LaplaceMechanism
 
 FIXED_POINT_BITS = 20

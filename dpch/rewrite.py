@@ -38,8 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bind import sql_of
+from .bounds import _flit
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
-from .plan import Plan, Quantity, _flit
+from .plan import Plan, Quantity
 from .typecheck import default_row_sql, with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"

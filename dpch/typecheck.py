@@ -44,8 +44,7 @@ def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected
 def expression_types(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
     """The engine's type of each SQL expression over ``entry``'s table (reads no data). A plain
     registered column takes its catalogued type; the rest is one DESCRIBE."""
-    known = {c: t for c, t in entry.columns.items()}
-    out: list[str | None] = [known.get(s.strip('`"')) for s in sqls]
+    out: list[str | None] = [entry.columns.get(s.strip('`"')) for s in sqls]
     ask = [s for s, t in zip(sqls, out) if t is None]
     if ask:
         answers = iter(_describe(backend, entry, ask))
