@@ -115,14 +115,16 @@ class Ledger:
         return row.budget()
 
     def remaining(self, analyst: str, dataset: str) -> BudgetStatus:
-        def fn(txn: LedgerTxn) -> BudgetStatus:
-            row = txn.get_budget(analyst, dataset)
-            if row is None:
-                raise LedgerError(no_budget_message(analyst, dataset))
-            rows = txn.charges(analyst, dataset, row.generation)
-            check_totals(self.path, row, rows)
-            return self._status(row, rows)
-        return self.store.read(fn)
+        return self.store.read(lambda txn: self._status(*self._current(txn, analyst, dataset)))
+
+    def _current(self, txn: LedgerTxn, analyst: str, dataset: str) -> tuple[BudgetRow, list[ChargeRecord]]:
+        """The budget and its current generation's charges, totals checked (LedgerError if unset)."""
+        row = txn.get_budget(analyst, dataset)
+        if row is None:
+            raise LedgerError(no_budget_message(analyst, dataset))
+        rows = txn.charges(analyst, dataset, row.generation)
+        check_totals(self.path, row, rows)
+        return row, rows
 
     def budgets(self) -> list[BudgetStatus]:
         def fn(txn: LedgerTxn) -> list[BudgetStatus]:
@@ -330,11 +332,7 @@ class Ledger:
                                    "(confirm=True, or --yes-i-know on the command line)")
 
         def fn(txn: LedgerTxn) -> None:
-            row = txn.get_budget(analyst, dataset)
-            if row is None:
-                raise LedgerError(no_budget_message(analyst, dataset))
-            rows = txn.charges(analyst, dataset, row.generation)
-            check_totals(self.path, row, rows)
+            row, rows = self._current(txn, analyst, dataset)
             now = time.time()
             txn.put_budget(replace(row, generation=row.generation + 1, spent_epsilon=0.0, spent_delta=0.0, spent_rho=0.0,
                                    n_charges=0, updated_at=now))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..errors import LedgerError
-from .records import APP_NAME, APPLICATION_ID, SCHEMA_VERSION
+from .records import APP_NAME, APPLICATION_ID, SCHEMA_VERSION, ChargeRecord, check_totals
 from .sqlite_txn import COLUMNS, SCHEMA, SQLiteTxn
 
 T = TypeVar("T")
@@ -277,8 +277,6 @@ class _SharedConnection:
 
     def verify(self) -> None:
         """Page integrity, every row's checksum, the event chain, and the running totals."""
-        from .records import ChargeRecord, check_totals
-
         def check(txn: SQLiteTxn) -> None:
             charges = txn.charges()
             txn.check_event_chain()

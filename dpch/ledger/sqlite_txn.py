@@ -141,16 +141,17 @@ class SQLiteTxn:
                             effective_rho=e_rho, query_hash=qh, query_text=qt, outcome=outcome, created_at=created,
                             updated_at=updated, cost_json=mech, realized_json=realized)
 
+    def _select(self, table: str, **equal):
+        """Rows of ``table`` (all columns, by id) whose columns equal the given non-None values."""
+        given = {col: val for col, val in equal.items() if val is not None}
+        sql = f"SELECT {', '.join(_COLUMNS[table])} FROM {table}"
+        if given:
+            sql += " WHERE " + " AND ".join(f"{col}=?" for col in given)
+        return self.conn.execute(sql + " ORDER BY id", list(given.values()))
+
     def charges(self, analyst=None, dataset=None, generation=None):
-        where, args = [], []
-        for col, val in (("analyst", analyst), ("dataset", dataset), ("generation", generation)):
-            if val is not None:
-                where.append(f"{col}=?")
-                args.append(val)
-        sql = f"SELECT {', '.join(_COLUMNS['charges'])} FROM charges"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return [self._charge_row(r) for r in self.conn.execute(sql + " ORDER BY id", args)]
+        return [self._charge_row(r) for r in self._select("charges", analyst=analyst, dataset=dataset,
+                                                          generation=generation)]
 
     def get_charge(self, charge_id):
         row = self.conn.execute(f"SELECT {', '.join(_COLUMNS['charges'])} FROM charges WHERE id=?", (charge_id,)).fetchone()
@@ -219,7 +220,7 @@ class SQLiteTxn:
         a deleted, inserted, reordered or truncated event raises LedgerError."""
         want_count, want_head = self.event_chain()
         count, head = 0, CHAIN_START
-        for row in self.conn.execute(f"SELECT {', '.join(_COLUMNS['events'])} FROM events ORDER BY id"):
+        for row in self._select("events"):
             self._event_row(row)
             count, head = count + 1, chain_hash(head, row[-1])
         if count != want_count or head != want_head:
@@ -237,13 +238,5 @@ class SQLiteTxn:
         return Event(values[0], values[1], values[2], values[3], values[4], values[5], detail)
 
     def events(self, analyst=None, dataset=None, kind=None):
-        where, args = [], []
-        for col, val in (("analyst", analyst), ("dataset", dataset), ("kind", kind)):
-            if val is not None:
-                where.append(f"{col}=?")
-                args.append(val)
-        sql = f"SELECT {', '.join(_COLUMNS['events'])} FROM events"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        return [self._event_row(r) for r in self.conn.execute(sql + " ORDER BY id", args)]
+        return [self._event_row(r) for r in self._select("events", analyst=analyst, dataset=dataset, kind=kind)]
 
