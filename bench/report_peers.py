@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from systems import ALL, INPROC, LABELS, PEERS
+from systems import ALL, LABELS, PEERS
 from workloads import QUERIES, size_label
 
 TARGETS_TEXT = {

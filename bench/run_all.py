@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ except ImportError:
 
 from accuracy import (Accumulator, discrete_laplace_var, dpch_optimum_var, dpch_sum_grid,  # noqa: E402
                       laplace_var)
-from systems import INPROC, LABELS, PEERS  # noqa: E402
+from systems import INPROC, PEERS  # noqa: E402
 from systems.base import PEAK_METHOD, Timing, timed_call  # noqa: E402
 from workloads import (AMOUNT_BOUNDS, ITEMS, MAX_ROWS_PER_UNIT, QUERIES, Workload,  # noqa: E402
                        ensure_parquet, ensure_table, size_label, truth)

@@ -1,6 +1,7 @@
 """Execution backends: the embedded ClickHouse engine (chDB) and ClickHouse servers
-(clickhouse-connect). Both take SQL text and return pandas DataFrames; nothing in this module adds
-or removes privacy, it only runs what the caller built."""
+(clickhouse-connect). Both take SQL text and return pandas DataFrames, or the engine's own rendering
+of the result in a ClickHouse output format; nothing in this module adds or removes privacy, it only
+runs what the caller built."""
 from __future__ import annotations
 
 import threading
@@ -14,10 +15,21 @@ from .config import prepare_embedded_udf_dir, sql_function_definitions
 from .errors import BackendError
 
 
+@dataclass(frozen=True)
+class Formatted:
+    """A result rendered by ClickHouse in an output format; ``rows`` is the number of result rows
+    when the engine reports it (None otherwise)."""
+
+    body: bytes
+    rows: int | None
+
+
 class Backend(Protocol):
     kind: str  # "embedded" or "server"
 
     def query_df(self, sql: str) -> pd.DataFrame: ...
+
+    def query_formatted(self, sql: str, fmt: str) -> Formatted: ...
 
     def command(self, sql: str) -> None: ...
 
@@ -83,6 +95,10 @@ class EmbeddedBackend:
 
     def query_df(self, sql: str) -> pd.DataFrame:
         return self._run(sql, "DataFrame")
+
+    def query_formatted(self, sql: str, fmt: str) -> Formatted:
+        res = self._run(sql, fmt)
+        return Formatted(res.bytes(), int(res.rows_read()))  # chDB's rows_read: rows of the result
 
     def command(self, sql: str) -> None:
         self._run(sql, "CSV")
@@ -161,6 +177,12 @@ class ServerBackend:
     def query_df(self, sql: str) -> pd.DataFrame:
         try:
             return self._client.query_df(sql)
+        except Exception as exc:
+            raise BackendError(str(exc)) from exc
+
+    def query_formatted(self, sql: str, fmt: str) -> Formatted:
+        try:
+            return Formatted(self._client.raw_query(sql, fmt=fmt), None)
         except Exception as exc:
             raise BackendError(str(exc)) from exc
 

@@ -29,8 +29,8 @@ from typing import Any
 import pandas as pd
 
 from .bind import BoundQuery, bind
-from .errors import CatalogError, DPCHError, LedgerError, QueryRejected
-from .execute import execute
+from .errors import CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
+from .execute import execute, execute_formatted
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
@@ -58,14 +58,15 @@ class Prepared:
         return sum(self.timings_ms.values())
 
 
-def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Prepared:
+def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> Prepared:
     """parse → bind → total → plan → rewrite. Raises QueryRejected/InvalidParameter; touches no
     ledger and reads no row: the engine is asked only for the catalog (usually cached) and for the
-    types of the query's expressions (a DESCRIBE, dpch.typecheck)."""
+    types of the query's expressions (a DESCRIBE, dpch.typecheck). ``tree``: ``sql`` already parsed
+    (dpch.parse.parse)."""
     t0 = time.perf_counter()
     opts = QueryOptions.from_kwargs(options)
     eps, dlt = check_budget_args(epsilon, delta)
-    parsed = parse(sql)
+    parsed = parse(sql, tree)
     t1 = time.perf_counter()
     try:
         qualified = conn.catalog.qualify(parsed.table_ref)
@@ -86,11 +87,55 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Pre
     return Prepared(parsed, bound, plan, rewritten, timings)
 
 
-def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> pd.DataFrame:
-    """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring)."""
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, **options)
+def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> pd.DataFrame:
+    """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring). ``tree``: ``sql``
+    already parsed by the caller (the ledger records ``sql``)."""
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, **options)
+    df, receipt = _charge_and_run(conn, prepared, sql, None, lambda: execute(conn.backend, prepared.rewritten))
+    return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
+                       controller_ms=prepared.controller_ms)
+
+
+@dataclass(frozen=True)
+class FormattedAnswer:
+    """A DP answer rendered by the engine in a ClickHouse output format (``body``), with what was
+    charged for it."""
+
+    body: bytes
+    rows: int | None
+    dataset: str
+    epsilon: float
+    delta: float
+    receipt: Any
+
+
+def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 0.0, tree=None,
+                        format_settings: dict[str, str] | None = None, **options) -> FormattedAnswer:
+    """``run_query`` with the same guarantee and the same pipeline, but the released columns are
+    rendered by ClickHouse itself in output format ``fmt`` (with ``format_settings``, validated by
+    the caller) in the query that computes them: no DataFrame round trip (the gateway's path). The
+    type check renders its probe in ``fmt`` too, so a result the format cannot hold is refused
+    before the charge. Confidence-interval columns need the DataFrame path (``with_ci`` refused)."""
+    if options.get("with_ci"):
+        raise InvalidParameter("run_query_formatted does not add CI columns; use run_query")
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, **options)
+    out, receipt = _charge_and_run(
+        conn, prepared, sql, (fmt, format_settings),
+        lambda: execute_formatted(conn.backend, prepared.rewritten, fmt, format_settings))
+    cost = prepared.plan.cost
+    return FormattedAnswer(out.body, out.rows, prepared.dataset, cost.epsilon, cost.delta, getattr(receipt, "id", receipt))
+
+
+def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):
+    """type-check → charge → execute → mark; returns (run's result, receipt). ``rendering`` =
+    (format, settings) when the result is rendered by the engine (the probe is rendered alike)."""
+    probe = rewrite_probe(prepared.plan)
+    if rendering is None:
+        probe_sql, fmt = probe.sql, None
+    else:
+        probe_sql, fmt = probe.formatted_sql(rendering[1]), rendering[0]
     # on one row of default values, before the charge: a query that cannot run is rejected free
-    check_runs(conn.backend, prepared.plan.entry, prepared.plan.bound, rewrite_probe(prepared.plan).sql)
+    check_runs(conn.backend, prepared.plan.entry, prepared.plan.bound, probe_sql, fmt)
     try:
         ledger = conn.ledger
     except DPCHError:
@@ -99,16 +144,15 @@ def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> p
         raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
     receipt = ledger.charge(conn.analyst, prepared.dataset, prepared.plan.cost, sql)
     try:
-        df = execute(conn.backend, prepared.rewritten)
+        result = run()
     except BaseException:
         ledger.mark(receipt, "failed")  # the charge stays: fail closed
         raise
     try:
         ledger.mark(receipt, "executed")
     except DPCHError as exc:  # the charge is durable already; the answer was paid for
-        warnings.warn(f"dpch: could not mark the ledger charge as executed: {exc}", RuntimeWarning, stacklevel=2)
-    return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
-                       controller_ms=prepared.controller_ms)
+        warnings.warn(f"dpch: could not mark the ledger charge as executed: {exc}", RuntimeWarning, stacklevel=3)
+    return result, receipt
 
 
 # ------------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def run_demo(db, *, rows: int = 1_000_000, eps: float = 1.0, delta: float = 1e-6
 def _controller_demo(db, *, eps: float, delta: float, out) -> None:
     from .errors import DPCHError
 
-    out(f"2) Controller (user-level DP: one privacy unit = one user_id; budget-enforcing path)")
+    out("2) Controller (user-level DP: one privacy unit = one user_id; budget-enforcing path)")
     db.catalog.register(f"{DEMO_DB}.purchases", privacy_unit="user_id",
                         bounds={"amount": (0, 500), "age": (18, 100)},
                         max_groups_contributed=1, max_rows_per_unit=10,
@@ -147,7 +147,7 @@ def _controller_demo(db, *, eps: float, delta: float, out) -> None:
 def _acceleration_demo(db, *, eps: float, out) -> None:
     """Time one user-level query before and after `db.accelerate` (a per-unit projection)."""
     sql = f"SELECT region, COUNT(*) AS n, SUM(amount) AS revenue FROM {DEMO_DB}.purchases GROUP BY region"
-    out(f"\n3) Per-unit projection for user-level queries (db.accelerate; same answers' distribution)")
+    out("\n3) Per-unit projection for user-level queries (db.accelerate; same answers' distribution)")
     out(f"   {sql}   [ε={eps}, run 3 times before and 3 times after]")
 
     def timed() -> float:  # median of 3 (each run is charged: 3ε)

@@ -220,9 +220,10 @@ def rewrite_sql(sql: str, *, extra_delta: float = 0.0) -> Rewritten:
 
 
 def run_dp_functions(conn, rewritten: Rewritten, *, with_ci: bool = False, confidence: float | None = None,
-                     keys=None):
-    """Answer a rewritten dp_* query through the controller (charges the ledger)."""
-    from .controller import explain_query, run_query
+                     keys=None, fmt: str | None = None, format_settings: dict[str, str] | None = None):
+    """Answer a rewritten dp_* query through the controller (charges the ledger): a DataFrame, or
+    with ``fmt`` (and no ``with_ci``) the engine's rendering of it (controller.run_query_formatted)."""
+    from .controller import explain_query, run_query, run_query_formatted
 
     opts: dict = {"mechanism": rewritten.mechanism, "weights": dict(rewritten.weights), "with_ci": with_ci}
     if confidence is not None:
@@ -237,4 +238,7 @@ def run_dp_functions(conn, rewritten: Rewritten, *, with_ci: bool = False, confi
         if ex.selection is not None:
             opts["weights"]["partition_selection"] = rewritten.selection_epsilon
             epsilon += rewritten.selection_epsilon
+    if fmt is not None and not with_ci:
+        return run_query_formatted(conn, rewritten.sql, fmt, epsilon=epsilon, delta=rewritten.delta,
+                                   format_settings=format_settings, **opts)
     return run_query(conn, rewritten.sql, epsilon=epsilon, delta=rewritten.delta, **opts)

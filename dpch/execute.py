@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from .errors import BackendError, DPCHError
+from .errors import BackendError
 
 if TYPE_CHECKING:
+    from .backends import Formatted
     from .rewrite import Rewritten
 
 _CODE_RE = re.compile(r"Code:\s*(\d+)")
@@ -53,9 +54,17 @@ def sanitize_error(message: str) -> str:
 
 def execute(backend, rewritten: Rewritten) -> pd.DataFrame:
     """Run ``rewritten.sql``; raise BackendError with a sanitised message on failure."""
+    return _sanitized(lambda: backend.query_df(rewritten.sql))
+
+
+def execute_formatted(backend, rewritten: Rewritten, fmt: str, settings: dict[str, str] | None = None) -> Formatted:
+    """Run ``rewritten.released_sql`` (the analyst's columns only) and return the engine's
+    rendering of it in output format ``fmt``; errors as for ``execute``."""
+    return _sanitized(lambda: backend.query_formatted(rewritten.formatted_sql(settings), fmt))
+
+
+def _sanitized(run):
     try:
-        return backend.query_df(rewritten.sql)
-    except DPCHError as exc:
-        raise BackendError(f"the rewritten query failed: {sanitize_error(str(exc))}") from None
-    except Exception as exc:  # any driver error: same treatment
+        return run()
+    except Exception as exc:  # DPCHError or any driver error: the same data-free message
         raise BackendError(f"the rewritten query failed: {sanitize_error(str(exc))}") from None

@@ -71,8 +71,12 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0][:200] if text.strip() else "syntax error"
 
 
-def parse(sql: str) -> ParsedQuery:
-    """Parse and shape-check ``sql``. Raises QueryRejected (nothing runs, nothing is charged)."""
+def parse(sql: str, tree: exp.Expression | None = None) -> ParsedQuery:
+    """Parse and shape-check ``sql``. Raises QueryRejected (nothing runs, nothing is charged).
+
+    ``tree``: the statement already parsed from ``sql`` by the caller (the gateway parses once to
+    route); it gets exactly the same shape checks, only sqlglot's parse is skipped. The caller must
+    not use the tree afterwards (later stages may annotate it)."""
     if not isinstance(sql, str) or not sql.strip():
         raise _reject("empty query: write one SELECT statement")
     if len(sql) > MAX_QUERY_LENGTH:
@@ -80,6 +84,9 @@ def parse(sql: str) -> ParsedQuery:
     upper = sql.upper()
     if "INTO OUTFILE" in upper:
         raise _reject("INTO OUTFILE is not allowed: results are returned as a DataFrame")
+    if tree is not None:
+        _check_statement(tree)
+        return _shaped(sql, tree)
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -91,6 +98,10 @@ def parse(sql: str) -> ParsedQuery:
                       if statements else "empty query: write one SELECT statement")
     tree = statements[0]
     _check_statement(tree)
+    return _shaped(sql, tree)
+
+
+def _shaped(sql: str, tree: exp.Expression) -> ParsedQuery:
     assert isinstance(tree, exp.Select)
     database, table, alias = _check_from(tree)
     _check_clauses(tree)

@@ -53,6 +53,14 @@ class Rewritten:
     display_sql: str  # for explain/logs (salt masked)
     output_names: tuple[str, ...]  # the analyst's columns, in order
     internal_columns: tuple[str, ...]  # __dp_n<i> columns appended for post-processing
+    # executable, the analyst's columns only (no internal columns), without a SETTINGS clause: what
+    # a client that wants the released values rendered by the engine runs (formatted_sql)
+    released_sql: str = ""
+
+    def formatted_sql(self, settings: dict[str, str] | None = None) -> str:
+        """``released_sql`` with the query settings plus ``settings`` (output format settings,
+        already validated by the caller)."""
+        return with_settings(self.released_sql, settings)
 
 
 def _indent(sql: str, n: int = 2) -> str:
@@ -291,10 +299,10 @@ class _Rewriter:
             where = f"\nWHERE {sel_q.noisy_column} >= {p.selection.threshold}"
         return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n){where}"
 
-    def outer_sql(self, inner: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    def outer_sql(self, inner: str, with_internal: bool = True) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         bound = self.plan.bound
         cols = [f"{sql_of(o.template)} AS {quote_ident(o.name)}" for o in bound.outputs]
-        internal = tuple(q.noisy_column for q in self.plan.quantities)
+        internal = tuple(q.noisy_column for q in self.plan.quantities) if with_internal else ()
         cols += [f"{c} AS {c}_out" for c in internal]
         sql = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
         if bound.having is not None:
@@ -323,11 +331,14 @@ class _Rewriter:
         noised = self.noised_sql(keyed)
         released = self.released_sql(noised)
         display, names, internal = self.outer_sql(released)
-        sql = with_settings(display).replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
-            UNIT_SALT_PLACEHOLDER, self.plan.entry.unit_salt_sql())
         shown = display.replace(SALT_PLACEHOLDER, "<secret salt>").replace(UNIT_SALT_PLACEHOLDER, "<secret salt>")
-        return Rewritten(sql=sql, display_sql=shown,
-                         output_names=names, internal_columns=internal)
+        return Rewritten(sql=self._salted(with_settings(display)), display_sql=shown, output_names=names,
+                         internal_columns=internal,
+                         released_sql=self._salted(self.outer_sql(released, with_internal=False)[0]))
+
+    def _salted(self, sql: str) -> str:
+        return sql.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
+            UNIT_SALT_PLACEHOLDER, self.plan.entry.unit_salt_sql())
 
 
 def rewrite(plan: Plan) -> Rewritten:

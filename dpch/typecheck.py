@@ -32,8 +32,11 @@ QUERY_SETTINGS = ("short_circuit_function_evaluation = 'disable', decimal_check_
                   "cast_keep_nullable = 1, use_variant_as_common_type = 0")
 
 
-def with_settings(sql: str) -> str:
-    return f"{sql}\nSETTINGS {QUERY_SETTINGS}"
+def with_settings(sql: str, extra: dict[str, str] | None = None) -> str:
+    """``sql`` with a SETTINGS clause: QUERY_SETTINGS, then ``extra`` (names and values validated
+    by the caller; values are quoted here)."""
+    more = "".join(f", {k} = {quote_string(v)}" for k, v in (extra or {}).items())
+    return f"{sql}\nSETTINGS {QUERY_SETTINGS}{more}"
 
 
 def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected:
@@ -87,23 +90,25 @@ _PASSED_LOCK = threading.Lock()
 _PASSED_MAX = 4096
 
 
-def check_runs(backend, entry: TableEntry, bound: BoundQuery, probe_sql: str) -> None:
+def check_runs(backend, entry: TableEntry, bound: BoundQuery, probe_sql: str, fmt: str | None = None) -> None:
     """Run ``probe_sql`` (the rewritten query over ``default_row_sql``) and every row-level
-    expression on the default row. Raises QueryRejected; charges nothing."""
+    expression on the default row. Raises QueryRejected; charges nothing. With ``fmt``, the probe
+    is rendered in that output format (``backend.query_formatted``), so a result the format cannot
+    render is refused before the charge too."""
     exprs = row_expressions(bound)
-    key = (id(backend), probe_sql, tuple(exprs))
+    key = (id(backend), probe_sql, tuple(exprs), fmt)
     with _PASSED_LOCK:
         if key in _PASSED:
             _PASSED.move_to_end(key)
             return
-    _probe(backend, entry, exprs, probe_sql)
+    _probe(backend, entry, exprs, probe_sql, fmt)
     with _PASSED_LOCK:
         _PASSED[key] = True
         while len(_PASSED) > _PASSED_MAX:
             _PASSED.popitem(last=False)
 
 
-def _probe(backend, entry: TableEntry, exprs: list[str], probe_sql: str) -> None:
+def _probe(backend, entry: TableEntry, exprs: list[str], probe_sql: str, fmt: str | None) -> None:
     if exprs:
         cols = ", ".join(f"{s} AS __dp_e{i}" for i, s in enumerate(exprs))
         try:
@@ -111,6 +116,9 @@ def _probe(backend, entry: TableEntry, exprs: list[str], probe_sql: str) -> None
         except Exception as exc:
             raise _schema_error(entry, exc, "the query's expressions fail") from None
     try:
-        backend.query_df(probe_sql)
+        if fmt is None:
+            backend.query_df(probe_sql)
+        else:
+            backend.query_formatted(probe_sql, fmt)
     except Exception as exc:
         raise _schema_error(entry, exc, "the rewritten query does not run") from None

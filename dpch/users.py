@@ -128,19 +128,31 @@ class UserStore:
     def _digest(self, password: str) -> bytes:
         return hmac.new(self._cache_key, password.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
 
+    def _lookup(self, name: str | None, password: str) -> tuple[dict | None, str, bool]:
+        """(record, stored hash, whether this exact password verified before for this hash)."""
+        with self._lock:
+            users = self._load()
+            rec = users.get(name) if isinstance(name, str) else None
+            stored = rec["hash"] if rec else self._dummy_hash
+            cached = self._verified.get(name) if rec else None
+        hit = cached is not None and cached[0] == stored and hmac.compare_digest(cached[1], self._digest(password))
+        return rec, stored, hit
+
+    def verified_before(self, name: str | None, password: str | None) -> bool:
+        """True iff this exact (name, password) passed ``verify`` before and the user's hash has not
+        changed since: a cheap check (an HMAC) that only a correct password can pass. False means
+        "unknown": call ``verify``. Lets the gateway skip its argon2 thread for repeat clients; a
+        wrong password or unknown user always takes the slow path, so they stay indistinguishable."""
+        return self._lookup(name, password if isinstance(password, str) else "")[2]
+
     def verify(self, name: str | None, password: str | None) -> bool:
         """True iff ``name`` exists and ``password`` is its password. An unknown (or missing) user
         costs one argon2 verification against a dummy hash, exactly like a wrong password."""
         from argon2.exceptions import InvalidHashError, VerificationError
 
         password = password if isinstance(password, str) else ""
-        with self._lock:
-            users = self._load()
-            rec = users.get(name) if isinstance(name, str) else None
-            stored = rec["hash"] if rec else self._dummy_hash
-            cached = self._verified.get(name) if rec else None
-        digest = self._digest(password)
-        if cached is not None and cached[0] == stored and hmac.compare_digest(cached[1], digest):
+        rec, stored, hit = self._lookup(name, password)
+        if hit:
             return True  # this exact password verified before (only a correct password gets here)
         try:
             ok = self._ph.verify(stored, password)
@@ -149,5 +161,5 @@ class UserStore:
         ok = bool(ok and rec)
         if ok:
             with self._lock:
-                self._verified[name] = (stored, digest)
+                self._verified[name] = (stored, self._digest(password))
         return ok

@@ -338,7 +338,6 @@ def test_history_over_budget_is_refused(tmp_path):
         led.set_budget("alice", "purchases", 1.0)
         led.charge("alice", "purchases", lap(1.0), "q")
     from dpch.ledger.records import row_checksum as _checksum
-    from dpch.ledger.sqlite_txn import _budget_values
     conn = sqlite3.connect(path)
     row = conn.execute("SELECT * FROM budgets").fetchone()
     vals = list(row[:-1])

@@ -9,7 +9,6 @@ beyond 60 scales: exp(-60) per row). Moment checks use >= 6.5 standard errors (<
 """
 from __future__ import annotations
 
-import math
 import os
 import struct
 import subprocess

@@ -19,7 +19,6 @@ import sqlglot
 from sqlglot import exp
 
 from .. import dp_functions
-from ..errors import InvalidParameter
 from . import metadata
 from .formats import resolve_format
 from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
@@ -32,10 +31,15 @@ DP_SETTING_NAMES = {n for n, *_ in metadata.DP_SETTINGS}
 
 @dataclass
 class Answer:
-    df: pd.DataFrame
+    """``df`` to be rendered in ``fmt``, or ``body`` already rendered by the engine (DP answers
+    without CI columns: the query that computes them renders them)."""
+
+    df: pd.DataFrame | None
     kind: str  # metadata | dp | dp_functions
-    fmt: str | None  # FORMAT clause, if any
+    fmt: str
     meta: dict = field(default_factory=dict)
+    body: bytes | None = None
+    rows: int | None = None
 
 
 def _setting_value(node: exp.Expression) -> str:
@@ -117,8 +121,9 @@ def _parse(sql: str) -> list[exp.Expression]:
 
 
 def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
-           default_format: str | None = None) -> Answer:
-    """Route and answer one query (called on the engine thread)."""
+           default_format: str | None = None, format_settings: dict[str, str] | None = None) -> Answer:
+    """Route and answer one query (called on the engine thread). ``format_settings``: output
+    format settings, validated (dpch.gateway.formats.output_settings)."""
     if not sql.strip():
         raise GatewayError(SYNTAX_ERROR, "Empty query")
     if len(_split_statements(sql)) > 1:
@@ -171,7 +176,8 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     try:
         if dp_functions.has_dp_calls(tree):
             rw = dp_functions.rewrite_dp_functions(tree, extra_delta=opts.delta)
-            df = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence)
+            out = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence,
+                                                fmt=fmt, format_settings=format_settings)
             kind = "dp_functions"
         else:
             if opts.epsilon is None:
@@ -179,22 +185,28 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
                                    "dpch_epsilon = <ε> (and dpch_delta for Gaussian noise or private groups), "
                                    "pass dpch_epsilon as a URL parameter or client setting, or call dp_count(ε), "
                                    "dp_sum(x, lo, hi, ε), dp_avg(x, lo, hi, ε)")
-            o: dict = {"mechanism": opts.mechanism, "with_ci": opts.with_ci}
+            o: dict = {"mechanism": opts.mechanism}
             if opts.confidence is not None:
                 o["confidence"] = opts.confidence
-            from ..controller import run_query
+            from ..controller import run_query, run_query_formatted
 
-            df = run_query(conn, tree.sql("clickhouse"), epsilon=opts.epsilon, delta=opts.delta, **o)
+            # the tree is the statement without its FORMAT and SETTINGS; the ledger records the text sent
+            if opts.with_ci:  # CI columns are computed in Python: DataFrame path, rendered after
+                out = run_query(conn, sql, epsilon=opts.epsilon, delta=opts.delta, tree=tree, with_ci=True, **o)
+            else:
+                out = run_query_formatted(conn, sql, fmt, epsilon=opts.epsilon, delta=opts.delta, tree=tree,
+                                          format_settings=format_settings, **o)
             kind = "dp"
     except GatewayError:
         raise
-    except InvalidParameter as exc:
-        raise from_dpch(exc) from None
     except Exception as exc:  # noqa: BLE001 - mapped to a data-free message
         raise from_dpch(exc) from None
-    meta = df.attrs.get("dpch", {}) if hasattr(df, "attrs") else {}
-    return Answer(df, kind, fmt, {"epsilon": meta.get("epsilon"), "delta": meta.get("delta"),
-                                  "receipt": meta.get("receipt"), "dataset": meta.get("table")})
+    if isinstance(out, pd.DataFrame):
+        meta = out.attrs.get("dpch", {})
+        return Answer(out, kind, fmt, {"epsilon": meta.get("epsilon"), "delta": meta.get("delta"),
+                                       "receipt": meta.get("receipt"), "dataset": meta.get("table")}, rows=len(out))
+    return Answer(None, kind, fmt, {"epsilon": out.epsilon, "delta": out.delta, "receipt": out.receipt,
+                                    "dataset": out.dataset}, body=out.body, rows=out.rows)
 
 
 def _split_statements(sql: str) -> list[str]:

@@ -136,10 +136,11 @@ class Gateway:
 
     # -- one query, on the engine thread -------------------------------------------------------
     def run(self, user, sql, dp_settings, out_settings, database, default_format):
-        ans = answer(self, user, sql, dp_settings, database, default_format)
-        fmt = ans.fmt
-        body = self.renderer.render(ans.df, fmt, out_settings)
-        return ans, fmt, body
+        ans = answer(self, user, sql, dp_settings, database, default_format, out_settings)
+        if ans.body is None:  # metadata, or a DataFrame with CI columns: ClickHouse renders it now
+            ans.body = self.renderer.render(ans.df, ans.fmt, out_settings)
+            ans.rows = len(ans.df)
+        return ans
 
 
 def _params(request: Request) -> dict[str, str]:
@@ -209,7 +210,8 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                 raise GatewayError(UNSUPPORTED_METHOD, f"HTTP method {request.method} is not supported")
             body = await _read_body(request, cfg) if request.method == "POST" else b""
             user, password = credentials(request.headers, params)
-            ok = await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
+            ok = gw.users.verified_before(user, password) or \
+                await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
             if not ok:
                 shown = user
                 user = None
@@ -225,12 +227,13 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             out_settings = formats.output_settings(params)
             database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
             default_format = params.get("default_format") or request.headers.get("x-clickhouse-format") or None
-            ans, fmt, out = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format)
-            kind = ans.kind
+            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format)
+            kind, fmt, out = ans.kind, ans.fmt, ans.body
             elapsed = time.perf_counter() - t0
             summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
-                       "total_rows_to_read": "0", "result_rows": str(len(ans.df)), "result_bytes": str(len(out)),
-                       "elapsed_ns": str(int(elapsed * 1e9))}
+                       "total_rows_to_read": "0", "result_bytes": str(len(out)), "elapsed_ns": str(int(elapsed * 1e9))}
+            if ans.rows is not None:
+                summary["result_rows"] = str(ans.rows)
             headers = {"X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Format": fmt,
                        "X-ClickHouse-Summary": json.dumps(summary, separators=(",", ":")),
                        "X-ClickHouse-Timezone": "UTC", "X-ClickHouse-Server-Display-Name": "dpch-gateway"}
@@ -239,7 +242,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                 headers["X-DPCH-Delta"] = repr(float(ans.meta.get("delta") or 0.0))
             gw.access.write(user=user, query_id=query_id, kind=kind, outcome="accepted", format=fmt,
                             epsilon=ans.meta.get("epsilon"), delta=ans.meta.get("delta"),
-                            dataset=ans.meta.get("dataset"), receipt=ans.meta.get("receipt"), rows=len(ans.df),
+                            dataset=ans.meta.get("dataset"), receipt=ans.meta.get("receipt"), rows=ans.rows,
                             duration_ms=round(elapsed * 1e3, 3), remote=_remote(request), query_sha256=sql_hash)
             return Response(out, headers=headers, media_type=formats.content_type(fmt))
         except ClientDisconnect:
