@@ -18,6 +18,14 @@ Per table (qualified as ``database.table``):
   no rows; keys outside the set are dropped);
 - ``columns``: the registered columns and their ClickHouse types (read from the table at
   registration; a query may use no other column);
+- ``public``: a public table (e.g. a dimension such as ``tpch.nation``): nothing about it is
+  protected, it joins freely with other tables and a query that reads only public tables is refused
+  (there is nothing to protect; query it without DPCH). Its bare columns are group keys with a
+  public domain (their distinct values);
+- ``references``: foreign keys, ``{column: "db.table.column"}``; the referenced column must be a
+  key of the referenced table (checked at registration: unique values). A table without its own
+  ``privacy_unit`` gets its unit through exactly one reference to a protected table (and so on,
+  along the chain); ``dpch.relation`` uses the references to join tables and find the unit;
 - ``salt``: a per-table secret (``secrets.token_hex``) keying the hash that chooses which groups and
   rows of a unit are kept. It is never shown in ``repr``, explanations or error messages.
 
@@ -134,6 +142,13 @@ class TableEntry:
     columns: Mapping[str, str]  # name -> ClickHouse type
     salt: str = field(repr=False)
     version: int = 0
+    public: bool = False
+    references: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    # column -> (referenced db.table, referenced column)
+
+    def column_origin(self, column: str) -> tuple[str, str]:
+        """(db.table, column) where ``column`` comes from (a joined relation maps its columns back)."""
+        return self.table, column
 
     @property
     def database(self) -> str:
@@ -186,11 +201,18 @@ class TableEntry:
             "max_rows_per_group": self.max_rows_per_group,
             "public_keys": {k: list(v) for k, v in self.public_keys.items()},
             "columns": dict(self.columns),
+            "public": self.public,
+            "references": {k: f"{t}.{c}" for k, (t, c) in self.references.items()},
         }
 
     def describe(self) -> str:
         lines = [f"table {self.table}"]
-        lines.append(f"  privacy unit: {self.privacy_unit or '(row level: each row is a unit)'}")
+        if self.public:
+            lines.append("  public table (not protected; joins freely, never charged)")
+        elif self.privacy_unit is None and self.references:
+            lines.append("  privacy unit: through references (see below)")
+        else:
+            lines.append(f"  privacy unit: {self.privacy_unit or '(row level: each row is a unit)'}")
         lines.append(f"  neighbour relation: {self.neighbour}")
         lines.append(f"  max_groups_contributed: {self.max_groups_contributed}")
         lines.append(f"  max_rows_per_unit: {self.max_rows_per_unit}")
@@ -206,6 +228,8 @@ class TableEntry:
                 extra += f"  public keys ({len(self.public_keys[name])})"
             if name == self.privacy_unit:
                 extra += "  (privacy unit)"
+            if name in self.references:
+                extra += "  references {}.{}".format(*self.references[name])
             lines.append(f"    {name} {typ}{extra}")
         return "\n".join(lines)
 
@@ -237,6 +261,8 @@ def _entry_from_row(table: str, spec_text: str, salt: str, version: int) -> Tabl
             columns=MappingProxyType(dict(spec["columns"])),
             salt=salt,
             version=version,
+            public=bool(spec.get("public", False)),
+            references=MappingProxyType({k: tuple(v.rsplit(".", 1)) for k, v in spec.get("references", {}).items()}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"the catalog entry of {table} is corrupt ({type(exc).__name__}); "
@@ -373,12 +399,20 @@ class Catalog:
                  max_groups_contributed: int = 1, max_rows_per_unit: int = 1,
                  max_rows_per_group: int | None = None,
                  public_keys: Mapping[str, Iterable] | None = None,
-                 columns: Iterable[str] | None = None, rotate_salt: bool = False) -> TableEntry:
+                 columns: Iterable[str] | None = None, rotate_salt: bool = False,
+                 public: bool = False, references: Mapping[str, str] | None = None) -> TableEntry:
         """Register (or re-register) ``table``. Reads its schema now; ``columns`` restricts the
         columns analysts may use (default: all). Re-registering keeps the salt unless
-        ``rotate_salt``. Returns the stored entry."""
+        ``rotate_salt``. ``public=True``: a public table (nothing protected). ``references``:
+        foreign keys ``{column: "db.table.column"}`` to registered tables, each to a key (unique
+        values, checked now); a table without ``privacy_unit`` reaches its unit through them
+        (checked now: the chain must end at a unit). Returns the stored entry."""
         qualified = self.qualify(table)
         schema = self._describe(qualified)
+        if not isinstance(public, bool):
+            raise CatalogError("public must be True or False")
+        if public and privacy_unit is not None:
+            raise CatalogError("a public table has no privacy unit: drop privacy_unit or public=True")
 
         if columns is not None:
             cols = list(columns)
@@ -405,7 +439,9 @@ class Catalog:
         k = _positive_int(max_groups_contributed, "max_groups_contributed")
         m = _positive_int(max_rows_per_unit, "max_rows_per_unit")
         c = None if max_rows_per_group is None else _positive_int(max_rows_per_group, "max_rows_per_group")
-        if privacy_unit is None and (k != 1 or m != 1 or c not in (None, 1)):
+        checked_refs = self._check_references(qualified, registered, references or {}, public)
+        via_reference = any(not self._load()[t].public for t, _ in checked_refs.values())
+        if privacy_unit is None and not via_reference and (k != 1 or m != 1 or c not in (None, 1)):
             raise CatalogError("a row-level table (no privacy_unit) has one row per unit: "
                                "max_groups_contributed, max_rows_per_unit and max_rows_per_group must be 1")
 
@@ -458,9 +494,49 @@ class Catalog:
             table=qualified, privacy_unit=privacy_unit, neighbour=neighbour,
             bounds=MappingProxyType(checked_bounds), max_groups_contributed=k, max_rows_per_unit=m,
             max_rows_per_group=c, public_keys=MappingProxyType(checked_keys),
-            columns=MappingProxyType(registered), salt=salt)
+            columns=MappingProxyType(registered), salt=salt, public=public,
+            references=MappingProxyType(checked_refs))
+        if not public:
+            from .units import unit_path  # the chain must end at a unit (or there is none: row level)
+
+            unit_path(entry, {**self._load(), qualified: entry}.get)
         self._write(qualified, _spec_json(entry), salt, deleted=False)
         return self.get(qualified)
+
+    def _check_references(self, qualified: str, registered: Mapping[str, str], references: Mapping[str, str],
+                          public: bool) -> dict[str, tuple[str, str]]:
+        if references and public:
+            raise CatalogError("a public table declares no references (join it on any key instead)")
+        if not isinstance(references, Mapping):
+            raise CatalogError('references must be a mapping {column: "db.table.column"}')
+        out: dict[str, tuple[str, str]] = {}
+        for col, target in references.items():
+            if col not in registered:
+                raise CatalogError(f"reference from {col!r}, which is not a registered column of {qualified}")
+            if not isinstance(target, str) or target.count(".") not in (1, 2):
+                raise CatalogError(f'reference of {col!r} must be "db.table.column" (got {target!r})')
+            t_table, t_col = target.rsplit(".", 1)
+            t_qualified = self.qualify(t_table)
+            t_entry = self._load().get(t_qualified)
+            if t_entry is None:
+                raise CatalogError(f"reference of {col!r}: {t_qualified} is not in the privacy catalog; "
+                                   "register the referenced table first")
+            if t_col not in t_entry.columns:
+                raise CatalogError(f"reference of {col!r}: {t_col!r} is not a registered column of {t_qualified}")
+            if t_qualified == qualified:
+                raise CatalogError(f"reference of {col!r}: a table cannot reference itself")
+            self._check_key(t_entry, t_col)
+            out[col] = (t_qualified, t_col)
+        return out
+
+    def _check_key(self, entry: "TableEntry", column: str) -> None:
+        """A referenced column must be a key (unique values): a row that references it then belongs
+        to exactly one referenced row, hence to exactly one unit (docs/CONTROLLER.md, "Joins")."""
+        col = quote_ident(column)
+        df = self.backend.query_df(f"SELECT count() AS n_rows, uniqExact({col}) AS n_keys FROM {entry.table_sql}")
+        if int(df["n_rows"].iloc[0]) != int(df["n_keys"].iloc[0]):
+            raise CatalogError(f"{entry.table}.{column} is not a key (its values are not unique), so it cannot "
+                               "be referenced: a referencing row must belong to exactly one referenced row")
 
     def get(self, table: str) -> TableEntry:
         """The entry of ``table``; CatalogError if it is not registered."""

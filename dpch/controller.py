@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -34,6 +34,7 @@ from .execute import execute, execute_formatted
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
+from .relation import RELATION_PLACEHOLDER, needs_unit_chain, resolve, split_from
 from .rewrite import Rewritten, rewrite, rewrite_probe
 from .totality import make_total, make_total_templates
 from .typecheck import check_runs, expression_types
@@ -68,11 +69,7 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **opti
     eps, dlt = check_budget_args(epsilon, delta)
     parsed = parse(sql, tree)
     t1 = time.perf_counter()
-    try:
-        qualified = conn.catalog.qualify(parsed.table_ref)
-        entry = conn.catalog.get(qualified)
-    except CatalogError as exc:
-        raise QueryRejected(str(exc)) from None
+    parsed, entry = _relation(conn, parsed)
     bound = bind(parsed, entry)
     bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
     key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
@@ -85,6 +82,22 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **opti
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
     return Prepared(parsed, bound, plan, rewritten, timings)
+
+
+def _relation(conn, parsed: ParsedQuery) -> tuple[ParsedQuery, Any]:
+    """The one relation the query reads: a catalogued table, or the joined relation that
+    dpch.relation builds (joins, CTEs, subqueries, IN over public tables, units via references)."""
+    if parsed.sources is None:
+        try:
+            entry = conn.catalog.get(conn.catalog.qualify(parsed.table_ref))
+        except CatalogError as exc:
+            raise QueryRejected(str(exc)) from None
+        if not needs_unit_chain(entry, conn.catalog):
+            return parsed, entry
+        spec, flat = split_from(parsed.select)
+        parsed = replace(parsed, select=flat, database=None, table=RELATION_PLACEHOLDER, alias=None, sources=spec)
+    flat, entry = resolve(parsed.sources, parsed.select, conn.catalog, conn.backend)
+    return replace(parsed, select=flat), entry
 
 
 def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> pd.DataFrame:

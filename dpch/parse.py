@@ -1,10 +1,11 @@
 """Stage 1 of the controller: parse analyst SQL (sqlglot, ClickHouse dialect) and check its shape.
 
 ``parse(sql) -> ParsedQuery``. Accepted: one ``SELECT`` with ``FROM`` one plain table (optionally
-aliased), ``WHERE``, ``GROUP BY``, ``HAVING``, ``ORDER BY``, ``LIMIT``/``OFFSET``. Everything else
-is rejected here with a ``QueryRejected`` that names the construct and, where there is one, the fix:
-multiple statements, non-SELECT statements, UNION/INTERSECT/EXCEPT, CTEs, subqueries, JOIN and
-ARRAY JOIN, window functions, SETTINGS/FORMAT/INTO OUTFILE, PREWHERE, SAMPLE, FINAL, DISTINCT,
+aliased), or joins, CTEs, subqueries in FROM and ``IN (SELECT …)`` filters (taken out here and
+resolved against the catalog by ``dpch.relation``), ``WHERE``, ``GROUP BY``, ``HAVING``,
+``ORDER BY``, ``LIMIT``/``OFFSET``. Everything else is rejected here with a ``QueryRejected`` that
+names the construct and, where there is one, the fix: multiple statements, non-SELECT statements,
+UNION/INTERSECT/EXCEPT, subqueries elsewhere, ARRAY JOIN, window functions, SETTINGS/FORMAT/INTO OUTFILE, PREWHERE, SAMPLE, FINAL, DISTINCT,
 LIMIT BY, WITH TIES, WITH TOTALS/ROLLUP/CUBE/GROUPING SETS, WITH FILL, QUALIFY, lambdas, query
 parameters, table functions and system tables. What the expressions may contain (columns,
 functions, aggregates) is checked by ``dpch.bind``.
@@ -18,6 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from .errors import QueryRejected
+from .relation import FromSpec, needs_relation, split_from
 
 DIALECT = "clickhouse"
 MAX_QUERY_LENGTH = 100_000
@@ -50,13 +52,15 @@ _SELECT_ARG_MESSAGES = {
 
 @dataclass(frozen=True)
 class ParsedQuery:
-    """A syntactically acceptable single-table SELECT."""
+    """A syntactically acceptable SELECT over one table, or (``sources`` set) over the placeholder
+    relation ``__dp_rel`` that dpch.relation builds from its joins, CTEs and subqueries."""
 
     sql: str
     select: exp.Select
     database: str | None  # as written (None: the connection's default database)
     table: str
     alias: str | None
+    sources: FromSpec | None = None
 
     @property
     def table_ref(self) -> str:
@@ -86,7 +90,7 @@ def parse(sql: str, tree: exp.Expression | None = None) -> ParsedQuery:
         raise _reject("INTO OUTFILE is not allowed: results are returned as a DataFrame")
     if tree is not None:
         _check_statement(tree)
-        return _shaped(sql, tree)
+        return _shaped(sql, _split(tree))
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -98,15 +102,28 @@ def parse(sql: str, tree: exp.Expression | None = None) -> ParsedQuery:
                       if statements else "empty query: write one SELECT statement")
     tree = statements[0]
     _check_statement(tree)
-    return _shaped(sql, tree)
+    return _shaped(sql, _split(tree))
 
 
-def _shaped(sql: str, tree: exp.Expression) -> ParsedQuery:
+def _split(tree: exp.Expression) -> tuple[exp.Expression, FromSpec | None]:
+    """Joins, CTEs, subqueries in FROM and IN (SELECT ...) filters are taken out (dpch.relation
+    resolves them against the catalog); the rest of the query then gets the one-table checks."""
+    if not isinstance(tree, exp.Select) or not needs_relation(tree):
+        return tree, None
+    spec, flat = split_from(tree)
+    for src in spec.sources:
+        if src.subquery is not None:
+            _check_nodes(src.subquery)
+    return flat, spec
+
+
+def _shaped(sql: str, split: tuple[exp.Expression, FromSpec | None]) -> ParsedQuery:
+    tree, spec = split
     assert isinstance(tree, exp.Select)
     database, table, alias = _check_from(tree)
     _check_clauses(tree)
     _check_nodes(tree)
-    return ParsedQuery(sql=sql, select=tree, database=database, table=table, alias=alias)
+    return ParsedQuery(sql=sql, select=tree, database=database, table=table, alias=alias, sources=spec)
 
 
 def _check_statement(tree: exp.Expression) -> None:

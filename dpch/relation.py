@@ -1,0 +1,606 @@
+"""Join resolution and unit propagation: the stage between parse and bind for queries that read
+more than one table, read a CTE or a subquery, filter by ``IN (SELECT …)`` over public tables, or
+read a table whose privacy unit is reached through references.
+
+    split_from (at parse time, syntactic)  ─►  resolve (catalog-aware)  ─►  bind, as for one table
+
+``resolve`` turns the FROM clause into ONE relation, a subquery that joins the tables (and, for a
+table without its own unit column, the chain of referenced tables that leads to its unit, with
+``ANY INNER JOIN`` so a chain never multiplies rows), and a ``JoinedEntry`` that describes it like a
+catalogued table: its columns (renamed apart when two tables share a name), their bounds and public
+key domains, and the unit column ``__dp_unit``. The rest of the pipeline then applies the per-unit
+bounds (k groups, C rows per group, M rows) to the *joined* rows, keyed by that unit: whatever a
+join fans out, one unit's contribution to any answer stays bounded (docs/CONTROLLER.md, "Joins").
+
+What is accepted (everything else is a QueryRejected that names the rule):
+
+- ``[INNER] JOIN`` and ``LEFT [OUTER] JOIN`` with ``ON`` (a conjunction of column equalities, each
+  between the joined table and an earlier one) or ``USING``;
+- protected ⋈ public on any columns; protected ⋈ protected only along the reference that carries
+  the unit (e.g. ``lineitem.l_orderkey = orders.o_orderkey``), so a joined row never pairs rows of
+  two units; all protected tables share one unit (one root), and each appears once (no self-join);
+- the unit of a joined row comes from a protected table that every row keeps (the FROM table or
+  an INNER-joined one): a protected table only on the right of a LEFT JOIN from a public table is
+  refused;
+- a CTE or a subquery in FROM (or INNER-joined) that is row-level over ONE catalogued table
+  (columns and row expressions, WHERE): inlined, its WHERE joins the outer WHERE;
+- ``col [NOT] IN (SELECT …)`` conjuncts of WHERE whose subquery reads only public tables
+  (uncorrelated): a filter of the relation (public data only, so it can neither fail nor take time
+  depending on a protected row).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from sqlglot import exp
+
+from .catalog import MAX_PUBLIC_KEYS, TableEntry, quote_ident
+from .errors import CatalogError, QueryRejected
+from .units import UnitPath, unit_path
+
+RELATION_PLACEHOLDER = "__dp_rel"
+UNIT_COLUMN = "__dp_unit"
+MAX_JOINED_TABLES = 16
+PUBLIC_KEY_LIMIT = min(MAX_PUBLIC_KEYS, 10_000)
+
+
+def _reject(msg: str) -> QueryRejected:
+    return QueryRejected(msg)
+
+
+# ------------------------------------------------------------------------------------------------
+# Syntax (parse time)
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    """One FROM/JOIN item as written: a table (maybe a CTE name) or a subquery."""
+
+    alias: str
+    table: exp.Table | None
+    subquery: exp.Select | None
+    side: str  # "from" | "inner" | "left"
+    on: exp.Expression | None = None
+    using: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SemiJoin:
+    column: exp.Column
+    subquery: exp.Select
+    negated: bool
+
+
+@dataclass(frozen=True)
+class FromSpec:
+    sources: tuple[Source, ...]
+    semijoins: tuple[SemiJoin, ...] = ()
+
+
+def needs_relation(tree: exp.Select) -> bool:
+    from_ = tree.args.get("from_")
+    src = from_.this if from_ is not None else None
+    return bool(tree.args.get("joins") or tree.args.get("with_") or isinstance(src, exp.Subquery)
+                or _in_subquery_conjuncts(tree))
+
+
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    if node is None:
+        return []
+    node = node.unnest() if isinstance(node, exp.Paren) else node
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _in_subquery(node: exp.Expression) -> tuple[exp.Expression, exp.Select, bool] | None:
+    negated = False
+    if isinstance(node, exp.Not):
+        negated, node = True, node.this
+        node = node.unnest() if isinstance(node, exp.Paren) else node
+    if isinstance(node, exp.In) and node.args.get("query") is not None:
+        q = node.args["query"]
+        q = q.this if isinstance(q, exp.Subquery) else q
+        if isinstance(q, exp.Select):
+            return node.this, q, negated
+    return None
+
+
+def _in_subquery_conjuncts(tree: exp.Select) -> list[exp.Expression]:
+    where = tree.args.get("where")
+    return [c for c in _conjuncts(where.this if where is not None else None) if _in_subquery(c) is not None]
+
+
+def split_from(tree: exp.Select) -> tuple[FromSpec, exp.Select]:
+    """Take the FROM clause, joins, CTEs and IN-subquery conjuncts out of ``tree``: (what they
+    were, the tree reading the placeholder relation ``__dp_rel``). Syntactic only."""
+    tree = tree.copy()
+    ctes: dict[str, exp.Expression] = {}
+    with_ = tree.args.get("with_")
+    if with_ is not None:
+        if with_.args.get("recursive"):
+            raise _reject("recursive CTEs are not supported")
+        for cte in with_.expressions:
+            if not isinstance(cte, exp.CTE) or not isinstance(cte.this, exp.Select):
+                raise _reject("a CTE must be WITH name AS (SELECT ...)")
+            name = cte.alias_or_name
+            if not name or name.lower() in ctes:
+                raise _reject("every CTE needs a distinct name")
+            ctes[name.lower()] = cte.this
+        tree.set("with_", None)
+
+    def source(node: exp.Expression, side: str, on=None, using=()) -> Source:
+        if isinstance(node, exp.Subquery):
+            inner = node.this
+            if not isinstance(inner, exp.Select):
+                raise _reject("a subquery in FROM must be one SELECT (no UNION)")
+            alias = node.alias
+            if not alias:
+                raise _reject("a subquery in FROM or JOIN needs an alias: (SELECT ...) AS name")
+            return Source(alias, None, inner, side, on, using)
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
+            if node.args.get("alias") is not None and node.args["alias"].args.get("columns"):
+                raise _reject("column aliases on a table are not supported")
+            for key, value in node.args.items():
+                if value not in (None, False, []) and key not in ("this", "db", "alias"):
+                    raise _reject(f"this table modifier ({key}) is not supported in a join")
+            if not node.db and node.name.lower() in ctes:
+                return Source(node.alias or node.name, None, ctes[node.name.lower()], side, on, using)
+            return Source(node.alias or node.name, node, None, side, on, using)
+        raise _reject("each FROM/JOIN item must be a catalogued table, a CTE or a subquery (no table functions)")
+
+    from_ = tree.args.get("from_")
+    if from_ is None:
+        raise _reject("the query has no FROM clause: DP aggregates read catalogued tables")
+    used = {t.name.lower() for t in tree.find_all(exp.Table) if not t.db}
+    unused = [n for n in ctes if n not in used]
+    if unused:
+        raise _reject(f"the CTE {unused[0]} is not used: remove it")
+    sources = [source(from_.this, "from")]
+    for join in tree.args.get("joins") or []:
+        side = (join.text("side") or "").upper()
+        kind = (join.text("kind") or "").upper()
+        if kind == "ARRAY" or "ARRAY" in side:
+            raise _reject("ARRAY JOIN is not supported")
+        if join.args.get("global_") or join.args.get("strictness") or kind not in ("", "INNER", "OUTER") \
+                or side not in ("", "LEFT"):
+            what = " ".join(x for x in (side, kind, join.text("strictness")) if x) or "this"
+            raise _reject(f"{what} JOIN is not supported: use [INNER] JOIN or LEFT JOIN ... ON equal keys")
+        if kind == "OUTER" and side != "LEFT":
+            raise _reject("only LEFT OUTER JOIN is supported among outer joins")
+        on = join.args.get("on")
+        using = tuple(u.name for u in (join.args.get("using") or []))
+        if on is None and not using:
+            raise _reject("a JOIN needs ON <equal keys> or USING (...); cross joins are not supported")
+        sources.append(source(join.this, "left" if side == "LEFT" else "inner", on, using))
+    if len(sources) > MAX_JOINED_TABLES:
+        raise _reject(f"at most {MAX_JOINED_TABLES} tables per query")
+    tree.set("joins", None)
+    tree.set("from_", exp.From(this=exp.to_table(RELATION_PLACEHOLDER)))
+
+    semis = []
+    where = tree.args.get("where")
+    if where is not None:
+        keep = []
+        for c in _conjuncts(where.this):
+            found = _in_subquery(c)
+            if found is None:
+                keep.append(c)
+                continue
+            col, sub, negated = found
+            if not isinstance(col, exp.Column):
+                raise _reject("x IN (SELECT ...) needs a column on the left")
+            semis.append(SemiJoin(col, sub, negated))
+        tree.set("where", exp.Where(this=exp.and_(*keep)) if keep else None)
+    return FromSpec(tuple(sources), tuple(semis)), tree
+
+
+# ------------------------------------------------------------------------------------------------
+# Resolution (catalog-aware)
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class JoinedEntry(TableEntry):
+    """A catalogued-table view of the joined relation (``table`` is the root's dataset, charged)."""
+
+    relation_sql: str = ""
+    sources: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    tables: tuple[str, ...] = ()
+
+    @property
+    def table_sql(self) -> str:
+        return f"(\n{self.relation_sql}\n) AS {RELATION_PLACEHOLDER}"
+
+    def column_origin(self, column: str) -> tuple[str, str]:
+        return self.sources.get(column, (self.table, column))
+
+
+@dataclass
+class _Instance:
+    alias: str
+    entry: TableEntry
+    side: str
+    path: UnitPath | None = None
+    outputs: dict[str, exp.Expression] | None = None  # an inlined subquery's columns
+
+    @property
+    def protected(self) -> bool:
+        return not self.entry.public
+
+    def visible(self) -> set[str]:
+        return set(self.outputs) if self.outputs is not None else set(self.entry.columns)
+
+
+class _Resolver:
+    def __init__(self, spec: FromSpec, catalog, backend):
+        self.spec, self.catalog, self.backend = spec, catalog, backend
+        self.instances: list[_Instance] = []
+        self.extra_where: list[exp.Expression] = []
+        self.used: dict[tuple[str, str], str] = {}  # (alias, column) -> derived name (set later)
+
+    # -- tables ---------------------------------------------------------------------------------
+    def _entry(self, table: exp.Table) -> TableEntry:
+        name = f"{table.db}.{table.name}" if table.db else table.name
+        if (table.db or "").lower() in ("system", "information_schema"):
+            raise _reject(f"system tables ({name}) are not allowed")
+        try:
+            return self.catalog.get(self.catalog.qualify(name))
+        except CatalogError as exc:
+            raise _reject(str(exc)) from None
+
+    def _lookup(self, name: str):
+        return self.catalog.lookup(name)
+
+    def _instance(self, src: Source) -> _Instance:
+        if src.table is not None:
+            return _Instance(src.alias, self._entry(src.table), src.side)
+        sub = src.subquery
+        assert sub is not None
+        if src.side == "left":
+            raise _reject(f"the subquery {src.alias} is on the right of a LEFT JOIN: join the table itself and "
+                          "put its conditions in ON or WHERE")
+        for key, value in sub.args.items():
+            if value not in (None, False, []) and key not in ("expressions", "from_", "where"):
+                raise _reject(f"the subquery {src.alias} must be row-level (columns and WHERE over one table); "
+                              f"{key.upper()} is not supported there")
+        inner_from = sub.args.get("from_")
+        t = inner_from.this if inner_from is not None else None
+        if not isinstance(t, exp.Table) or not isinstance(t.this, exp.Identifier):
+            raise _reject(f"the subquery {src.alias} must read one catalogued table")
+        entry = self._entry(t)
+        inner_alias = t.alias or t.name
+        outputs: dict[str, exp.Expression] = {}
+        for e in sub.expressions:
+            if isinstance(e, exp.Star) or any(isinstance(n, (exp.Star, exp.Select, exp.AggFunc)) for n in e.walk()):
+                raise _reject(f"the subquery {src.alias} must list its columns (row expressions, no * or aggregates)")
+            name = e.alias_or_name
+            if not name or name in outputs:
+                raise _reject(f"every column of the subquery {src.alias} needs a distinct name (expr AS name)")
+            outputs[name] = self._qualify_inner(e.unalias() if isinstance(e, exp.Alias) else e,
+                                                entry, inner_alias, src.alias)
+        where = sub.args.get("where")
+        if where is not None:
+            self.extra_where.append(self._qualify_inner(where.this, entry, inner_alias, src.alias))
+        return _Instance(src.alias, entry, src.side, outputs=outputs)
+
+    def _qualify_inner(self, node: exp.Expression, entry: TableEntry, inner_alias: str, alias: str) -> exp.Expression:
+        def requalify(col: exp.Expression) -> exp.Expression:
+            if not isinstance(col, exp.Column):
+                return col
+            if col.table and col.table not in (inner_alias, entry.name):
+                raise _reject(f"the subquery {alias} refers to {col.table}.{col.name}, outside it")
+            if col.name not in entry.columns:
+                raise _reject(f"column {col.name!r} is not a registered column of {entry.table}")
+            return exp.column(col.name, table=alias)
+        return node.copy().transform(requalify)
+
+    # -- columns ----------------------------------------------------------------------------------
+    def _find(self, col: exp.Column, upto: int) -> _Instance:
+        insts = self.instances[:upto]
+        if col.table:
+            hits = [i for i in insts if i.alias == col.table]
+            if not hits:
+                hits = [i for i in insts if i.outputs is None and i.entry.name == col.table and
+                        sum(1 for j in insts if j.entry.name == col.table) == 1]
+            if not hits:
+                raise _reject(f"unknown table or alias {col.table!r} in {col.sql()}")
+            inst = hits[0]
+            if col.name not in inst.visible():
+                raise _reject(f"column {col.name!r} is not a registered column of {inst.alias} ({inst.entry.table})")
+            return inst
+        hits = [i for i in insts if col.name in i.visible()]
+        if not hits:
+            raise _reject(f"column {col.name!r} is not a registered column of any table in the query")
+        if len(hits) > 1:
+            raise _reject(f"column {col.name!r} is ambiguous ({', '.join(i.alias for i in hits)}): qualify it")
+        return hits[0]
+
+    def _expand(self, col: exp.Column, upto: int) -> exp.Expression:
+        """The column as an expression over base-table columns (qualified by instance alias)."""
+        inst = self._find(col, upto)
+        if inst.outputs is not None:
+            return inst.outputs[col.name].copy()
+        return exp.column(col.name, table=inst.alias)
+
+    def _join_key(self, col: exp.Column, upto: int) -> tuple[_Instance, str]:
+        e = self._expand(col, upto)
+        if not isinstance(e, exp.Column):
+            raise _reject(f"join key {col.sql()} must be a column (not an expression)")
+        return next(i for i in self.instances if i.alias == e.table), e.name
+
+    # -- the join graph -----------------------------------------------------------------------------
+    def _check_join(self, n: int, src: Source) -> list[tuple[tuple[_Instance, str], tuple[_Instance, str]]]:
+        new = self.instances[n]
+        if src.using:
+            pairs = []
+            for name in src.using:
+                left = [i for i in self.instances[:n] if name in i.visible()]
+                if len(left) != 1 or name not in new.visible():
+                    raise _reject(f"USING ({name}): the column must be in {new.alias} and in exactly one earlier table")
+                pairs.append((self._join_key(exp.column(name, table=left[0].alias), n),
+                              self._join_key(exp.column(name, table=new.alias), n + 1)))
+        else:
+            pairs = []
+            for c in _conjuncts(src.on):
+                if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+                    raise _reject(f"JOIN ... ON must be equalities of columns joined by AND (got {c.sql()[:80]})")
+                a = self._join_key(c.this, n + 1)
+                b = self._join_key(c.expression, n + 1)
+                if (a[0] is new) == (b[0] is new):
+                    raise _reject(f"each ON equality must compare a column of {new.alias} with an earlier table "
+                                  f"(got {c.sql()[:80]})")
+                pairs.append((b, a) if a[0] is new else (a, b))
+        earlier_protected = [i for i in self.instances[:n] if i.protected]
+        if new.protected and earlier_protected:
+            if not any(self._unit_edge(old, new, oc, nc) for (old, oc), (_, nc) in pairs):
+                raise _reject(
+                    f"{new.entry.table} is joined to a protected table without following the reference that "
+                    f"carries the privacy unit: join protected tables only along declared references (e.g. "
+                    f"child.fk = parent.key), so that a joined row never mixes the rows of two units")
+        return pairs
+
+    def _unit_edge(self, a: _Instance, b: _Instance, a_col: str, b_col: str) -> bool:
+        if not (a.protected and b.protected):
+            return False
+        for x, y, xc, yc in ((a, b, a_col, b_col), (b, a, b_col, a_col)):
+            if x.path is not None and x.path.reference == (xc, y.entry.table, yc):
+                return True
+        return False
+
+    # -- main ---------------------------------------------------------------------------------------
+    def resolve(self, tree: exp.Select) -> tuple[exp.Select, JoinedEntry]:
+        for src in self.spec.sources:
+            inst = self._instance(src)
+            if any(i.alias == inst.alias for i in self.instances):
+                raise _reject(f"the name {inst.alias!r} is used twice in FROM/JOIN: give each table its own alias")
+            self.instances.append(inst)
+        protected = [i for i in self.instances if i.protected]
+        if not protected:
+            raise _reject("the query reads only public tables: there is nothing to protect, so DPCH does not "
+                          "answer it (query the tables directly)")
+        seen_tables = set()
+        for i in protected:
+            if i.entry.table in seen_tables:
+                raise _reject(f"{i.entry.table} appears twice: self-joins of a protected table are not supported "
+                              "(they can multiply one unit's rows)")
+            seen_tables.add(i.entry.table)
+            try:
+                i.path = unit_path(i.entry, self._lookup)
+            except CatalogError as exc:
+                raise _reject(str(exc)) from None
+            if i.path is None and len(self.instances) > 1:
+                raise _reject(f"{i.entry.table} has no privacy unit (row level): it cannot be joined; register a "
+                              "privacy_unit or a reference that leads to one")
+        roots = {i.path.root.table for i in protected if i.path is not None}
+        if len(roots) > 1:
+            raise _reject(f"the protected tables belong to different privacy units ({', '.join(sorted(roots))}); "
+                          "a query can combine only tables whose references lead to the same unit")
+        join_pairs = [self._check_join(n, src) for n, src in enumerate(self.spec.sources) if n > 0]
+        unit_inst = self._unit_source()
+
+        outer = tree.copy()
+        self._rename_outer(outer)
+        semis = [self._semijoin(s) for s in self.spec.semijoins]
+        extra = [self._rename(e) for e in self.extra_where]
+        if extra:
+            where = outer.args.get("where")
+            outer.set("where", exp.Where(this=exp.and_(*extra, *([where.this] if where is not None else []))))
+        root = unit_inst.path.root if unit_inst.path is not None else unit_inst.entry
+        relation, sources = self._relation_sql(join_pairs, unit_inst, semis)
+        types = self._describe(relation)
+        entry = self._entry_for(root, relation, sources, types, outer)
+        return outer, entry
+
+    def _unit_source(self) -> _Instance:
+        kept = [i for i in self.instances if i.protected and i.side in ("from", "inner")]
+        if not kept:
+            raise _reject("every protected table is on the right of a LEFT JOIN: the unit of a row that has no "
+                          "match would be unknown; use INNER JOIN, or start FROM the protected table")
+        direct = [i for i in kept if i.path is not None and not i.path.hops]
+        return (direct or kept)[0]
+
+    def _derived(self, alias: str, column: str) -> str:
+        key = (alias, column)
+        if key not in self.used:
+            self.used[key] = ""
+        return f"\0{alias}\0{column}"  # a marker, replaced by the final name in _finish_names
+
+    def _rename(self, node: exp.Expression) -> exp.Expression:
+        return node.copy().transform(
+            lambda c: exp.column(self._derived(c.table, c.name)) if isinstance(c, exp.Column) and c.table else c)
+
+    def _rename_outer(self, outer: exp.Select) -> None:
+        aliases = {e.alias for e in outer.expressions if isinstance(e, exp.Alias)}
+        n = len(self.instances)
+
+        def fix(node: exp.Expression, own_alias: str | None) -> None:
+            for col in list(node.find_all(exp.Column)):
+                if not col.table and col.name in aliases and col.name != own_alias:
+                    continue  # a select alias (bind resolves it); ClickHouse: an alias wins over a column
+                e = self._expand(col, n)
+                col.replace(self._rename(e) if not isinstance(e, exp.Column) else
+                            exp.column(self._derived(e.table, e.name)))
+
+        for e in outer.expressions:
+            fix(e, e.alias if isinstance(e, exp.Alias) else None)
+        for key in ("where", "group", "having", "order"):
+            node = outer.args.get(key)
+            if node is not None:
+                fix(node, None)
+
+    def _semijoin(self, s: SemiJoin) -> str:
+        inst, column = self._join_key(s.column, len(self.instances))
+        sub = s.subquery.copy()
+        inside = {}
+        for t in sub.find_all(exp.Table):
+            if not isinstance(t.this, exp.Identifier):
+                raise _reject("table functions are not allowed in IN (SELECT ...)")
+            e = self._entry(t)
+            if not e.public:
+                raise _reject(f"a subquery in IN (SELECT ...) may read only public tables ({e.table} is protected): "
+                              "join the table instead")
+            inside[t.alias or t.name] = e
+            db, name = e.table.split(".", 1)
+            t.set("db", exp.to_identifier(db))
+        for col in sub.find_all(exp.Column):
+            if col.table and col.table not in inside:
+                raise _reject("a subquery in IN (SELECT ...) cannot refer to the outer query (correlated subquery)")
+            if not col.table and not any(col.name in e.columns for e in inside.values()) \
+                    and col.name not in {x.alias for x in sub.expressions if isinstance(x, exp.Alias)}:
+                raise _reject(f"column {col.name!r} in IN (SELECT ...) is not a column of its tables")
+        self._derived(inst.alias, column)
+        op = "NOT IN" if s.negated else "IN"
+        return f"{quote_ident(inst.alias)}.{quote_ident(column)} {op} ({sub.sql('clickhouse')})"
+
+    def _final_names(self) -> dict[tuple[str, str], str]:
+        by_col: dict[str, int] = {}
+        for _, c in self.used:
+            by_col[c] = by_col.get(c, 0) + 1
+        names, taken = {}, set()
+        for (a, c) in self.used:
+            name = c if by_col[c] == 1 else f"{a}_{c}"
+            if name in taken or name == UNIT_COLUMN:
+                raise _reject(f"cannot name column {a}.{c} apart in the joined relation: rename a table alias")
+            taken.add(name)
+            names[(a, c)] = name
+        return names
+
+    def _relation_sql(self, join_pairs, unit_inst: _Instance, semis: list[str]) -> tuple[str, dict]:
+        names = self._final_names()
+        self.names = names
+        by_alias = {i.alias: i for i in self.instances}
+        cols = [f"{quote_ident(a)}.{quote_ident(c)} AS {quote_ident(n)}" for (a, c), n in names.items()]
+        sources = {n: (by_alias[a].entry.table, c) for (a, c), n in names.items()}
+        first = self.instances[0]
+        lines = [f"FROM {first.entry.table_sql} AS {quote_ident(first.alias)}"]
+        for inst, pairs in zip(self.instances[1:], join_pairs):
+            on = " AND ".join(f"{quote_ident(o.alias)}.{quote_ident(oc)} = {quote_ident(n.alias)}.{quote_ident(nc)}"
+                              for (o, oc), (n, nc) in pairs)
+            kind = "LEFT JOIN" if inst.side == "left" else "INNER JOIN"
+            lines.append(f"{kind} {inst.entry.table_sql} AS {quote_ident(inst.alias)} ON {on}")
+        path = unit_inst.path
+        unit_sql = None
+        matched: list[str] = []
+        if path is not None:
+            prev = quote_ident(unit_inst.alias)
+            for h, hop in enumerate(path.hops):
+                # LEFT ANY: at most one referenced row per row (a chain never multiplies rows, even
+                # if a key stopped being unique); the marker drops rows whose reference dangles
+                # (ClickHouse's INNER ANY would also keep only one row per key on the left).
+                alias = f"__dp_h{h}"
+                key, unit = quote_ident(hop.key), quote_ident(path.column if h == len(path.hops) - 1 else
+                                                               path.hops[h + 1].column)
+                lines.append(f"LEFT ANY JOIN (SELECT {key}, {unit}, toUInt8(1) AS __dp_m FROM {hop.table.table_sql}) "
+                             f"AS {alias} ON {prev}.{quote_ident(hop.column)} = {alias}.{key}")
+                matched.append(f"{alias}.__dp_m = 1")
+                prev = alias
+            unit_sql = f"{prev}.{quote_ident(path.column)}"
+            cols.append(f"{unit_sql} AS {UNIT_COLUMN}")
+        if semis or matched:
+            lines.append("WHERE " + " AND ".join(matched + semis))
+        return f"SELECT {', '.join(cols)}\n" + "\n".join(lines), sources
+
+    def _describe(self, relation: str) -> dict[str, str]:
+        try:
+            df = self.backend.query_df(f"DESCRIBE TABLE (\n{relation}\n)")
+        except Exception as exc:  # noqa: BLE001 - analysed only, reads no row
+            from .execute import sanitize_error
+
+            raise _reject(f"the joined tables do not fit together: {sanitize_error(str(exc))}; nothing ran and "
+                          "nothing was charged") from None
+        return {str(r.name): str(r.type) for r in df.itertuples(index=False)}
+
+    def _entry_for(self, root: TableEntry, relation: str, sources: dict, types: dict, outer: exp.Select) -> JoinedEntry:
+        by_alias = {i.alias: i for i in self.instances}
+        bounds, public_keys = {}, {}
+        aliased = {e.alias: e.this for e in outer.expressions if isinstance(e, exp.Alias)}
+        keys = set()
+        for g in outer.args["group"].expressions if outer.args.get("group") else []:
+            if isinstance(g, exp.Column) and not g.name.startswith("\0"):
+                g = aliased.get(g.name, g)  # GROUP BY <select alias>
+            if isinstance(g, exp.Column) and g.name.startswith("\0"):
+                keys.add(self.names[tuple(g.name.split("\0")[1:])])  # type: ignore[index]
+        for (a, c), n in self.names.items():
+            e = by_alias[a].entry
+            if c in e.bounds:
+                bounds[n] = e.bounds[c]
+            if c in e.public_keys:
+                public_keys[n] = e.public_keys[c]
+            elif e.public and n in keys:
+                vals = self._public_domain(e, c)
+                if vals is not None:
+                    public_keys[n] = vals
+        protected = [i.entry for i in self.instances if i.protected]
+        groups = max(e.max_groups_contributed for e in protected)
+        rows = max(e.max_rows_per_unit for e in protected)
+        per_group = [e.max_rows_per_group for e in protected]
+        unit = UNIT_COLUMN if UNIT_COLUMN in types else None  # None: one row-level table, no join
+        return JoinedEntry(
+            table=root.table, privacy_unit=unit, neighbour=root.neighbour,
+            bounds=MappingProxyType(bounds), max_groups_contributed=groups, max_rows_per_unit=rows,
+            max_rows_per_group=None if any(c is None for c in per_group) else max(per_group),
+            public_keys=MappingProxyType(public_keys), columns=MappingProxyType(types), salt=root.salt,
+            version=root.version, relation_sql=relation, sources=MappingProxyType(sources),
+            tables=tuple(dict.fromkeys(i.entry.table for i in self.instances)))
+
+    def _public_domain(self, entry: TableEntry, column: str) -> tuple | None:
+        """The distinct values of a public table's column (public data), or None if too many."""
+        col = quote_ident(column)
+        df = self.backend.query_df(f"SELECT DISTINCT {col} AS v FROM {entry.table_sql} ORDER BY v "
+                                   f"LIMIT {PUBLIC_KEY_LIMIT + 1}")
+        vals = [None if v != v else (v.item() if hasattr(v, "item") else v) for v in df["v"]]  # NaN/NA -> None
+        return tuple(vals) if len(vals) <= PUBLIC_KEY_LIMIT else None
+
+
+def _finish(tree: exp.Select, names: dict[tuple[str, str], str]) -> exp.Select:
+    for col in list(tree.find_all(exp.Column)):
+        if col.name.startswith("\0"):
+            _, a, c = col.name.split("\0")
+            col.replace(exp.column(names[(a, c)]))
+    return tree
+
+
+def resolve(spec: FromSpec, tree: exp.Select, catalog, backend) -> tuple[exp.Select, JoinedEntry]:
+    """The single-relation form of a query: (tree over ``__dp_rel`` with derived column names,
+    the relation's entry). Raises QueryRejected; reads only public tables and the schema."""
+    r = _Resolver(spec, catalog, backend)
+    outer, entry = r.resolve(tree)
+    return _finish(outer, r.names), entry
+
+
+def needs_unit_chain(entry: TableEntry, catalog) -> bool:
+    """True when a single-table query on ``entry`` must go through the relation (its unit is
+    reached through references, or belongs to another table's dataset)."""
+    if entry.public:
+        return True  # resolve refuses it with the public-only message
+    if not entry.references:
+        return False
+    try:
+        path = unit_path(entry, catalog.lookup)
+    except CatalogError as exc:
+        raise _reject(str(exc)) from None
+    return path is not None and (bool(path.hops) or path.root.table != entry.table)
+
+
