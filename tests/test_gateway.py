@@ -80,6 +80,11 @@ def setup_dir(tmp_path_factory):
     _cli("users", "add", "bob", "--password-stdin", "--data-dir", str(d), stdin="bob-secret-22\n")
     _cli("budget", "set", "--data-dir", str(d), "--analyst", "alice", "--dataset", "demo.purchases",
          "--epsilon", "1000", "--delta", "1e-3")
+    zones = d / "zones.csv"  # a public dimension table, loaded and registered with the CLI
+    zones.write_text("region,zone\n" + "".join(f"{r},{z}\n" for r, z in
+                                               [("north", "N"), ("south", "S"), ("east", "E"), ("west", "W")]))
+    _cli("load", "demo.zones", str(zones), "--data-dir", str(d), "--no-progress")
+    _cli("catalog", "register", "demo.zones", "--public", "--data-dir", str(d))
     return d
 
 
@@ -358,3 +363,16 @@ def test_kill9_during_burst_then_restart(setup_dir, server):
     charges = int(out.splitlines()[2].split()[-1])
     assert charges >= len(answered) + 1, (charges, len(answered))
     server.start()  # for the module fixture's teardown
+
+
+def test_join_and_cte_through_the_gateway(server):
+    sql = ("WITH p AS (SELECT user_id, region, amount FROM demo.purchases WHERE amount < 300) "
+           "SELECT z.zone AS zone, COUNT(*) AS n FROM p JOIN demo.zones z ON p.region = z.region "
+           "GROUP BY zone ORDER BY zone SETTINGS dpch_epsilon = 0.5 FORMAT JSONEachRow")
+    r = q(server, sql)
+    assert r.status_code == 200, r.text
+    rows = [json.loads(line) for line in r.text.splitlines()]
+    assert [row["zone"] for row in rows] == sorted(row["zone"] for row in rows) and rows
+    assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.5)
+    r = q(server, "SELECT COUNT(*) FROM demo.zones SETTINGS dpch_epsilon = 1")
+    assert r.status_code == 400 and "only public tables" in r.text

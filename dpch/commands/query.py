@@ -4,6 +4,8 @@
     dpch explain "SELECT AVG(age) FROM purchases" --epsilon 1
     dpch catalog register purchases --privacy-unit user_id --bounds amount=0:500 --bounds age=18:100 \\
         --max-groups 1 --max-rows 10 --public-keys region=EU,US,ASIA
+    dpch catalog register tpch.nation --public
+    dpch catalog register tpch.lineitem --references l_orderkey=tpch.orders.o_orderkey --max-rows 100
     dpch catalog show purchases | dpch catalog list | dpch catalog drop purchases
 
 Connection options (all subcommands): ``--data-dir DIR`` (embedded engine; default $DPCH_DATA_DIR or
@@ -153,6 +155,16 @@ def _parse_bounds(items: list[str]) -> dict:
     return bounds
 
 
+def _parse_references(items: list[str]) -> dict:
+    refs = {}
+    for item in items:
+        col, sep, target = item.partition("=")
+        if not (sep and col and target.count(".") in (1, 2)):
+            raise SystemExit(f"dpch: error: --references expects COL=DB.TABLE.COL, got {item!r}")
+        refs[col] = target
+    return refs
+
+
 def cmd_catalog_register(args) -> int:
     with _connect(args) as db:
         entry = db.catalog.register(
@@ -160,7 +172,8 @@ def cmd_catalog_register(args) -> int:
             bounds=_parse_bounds(args.bounds), max_groups_contributed=args.max_groups,
             max_rows_per_unit=args.max_rows, max_rows_per_group=args.max_rows_per_group,
             public_keys=dict(_parse_keys(k) for k in args.public_keys),
-            columns=args.columns.split(",") if args.columns else None, rotate_salt=args.rotate_salt)
+            columns=args.columns.split(",") if args.columns else None, rotate_salt=args.rotate_salt,
+            public=args.public, references=_parse_references(args.references))
         print(entry.describe())
     return 0
 
@@ -230,6 +243,9 @@ def register(subparsers) -> None:
     r.add_argument("--public-keys", action="append", default=[], metavar="COL=V1,V2,...")
     r.add_argument("--columns", default=None, help="comma-separated registered columns (default: all)")
     r.add_argument("--rotate-salt", action="store_true")
+    r.add_argument("--public", action="store_true", help="a public table: not protected, joins freely, never charged")
+    r.add_argument("--references", action="append", default=[], metavar="COL=DB.TABLE.COL",
+                   help="a foreign key to a key of a registered table (the unit is reached through it)")
     _common(r)
     r.set_defaults(func=cmd_catalog_register)
     s = sub.add_parser("show", help="show one entry")

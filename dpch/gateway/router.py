@@ -164,7 +164,11 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     if vname is not None:
         return Answer(metadata.answer_virtual_select(tree, vname, ctx), "metadata", fmt)
     catalogued = {e.table for e in ctx.catalog_entries}
+    with_ = tree.args.get("with_")
+    ctes = {c.alias_or_name.lower() for c in with_.expressions} if with_ is not None else set()
     for t in tree.find_all(exp.Table):
+        if not t.db and t.name.lower() in ctes:
+            continue  # a CTE of this query (dpch.relation resolves it)
         db = t.db or database
         if db.lower() in _DENIED_DATABASES or f"{db}.{t.name}" not in catalogued:
             raise GatewayError(ACCESS_DENIED, f"table {db}.{t.name} is not in the privacy catalog "

@@ -1,0 +1,90 @@
+"""Attack cases for joins (issue 14), on D and D′ (customer 42 removed with its orders and their
+lineitems; see tests/test_joins.py for the schema: customer 42 is heavy, has extreme values and is
+the only customer of the nation ATLANTIS). As in test_attacks.py, a case passes iff the query is
+rejected before charging on both, with the same message, or answered on both with the same
+columns, row count and (public) keys, and charged on both. No message may quote unit 42's values."""
+from __future__ import annotations
+
+import pytest
+
+from dpch.errors import DPCHError, QueryRejected
+from test_joins import _build
+
+NAMES = ("aj", "ajp")  # D, D′
+
+
+@pytest.fixture(scope="module")
+def ajdb(db):
+    for name in NAMES:
+        _build(db, name, drop_unit=name == "ajp")
+        db.command(f"CREATE TABLE {name}.target (k UInt64, label String) ENGINE = MergeTree ORDER BY k")
+        db.command(f"INSERT INTO {name}.target VALUES (42, 'the one')")
+        db.catalog.register(f"{name}.target", public=True)
+    return db
+
+
+def _charges(db, name):
+    return len(db.ledger.history(db.analyst, f"{name}.customer"))
+
+
+def _outcome(db, sql: str, name: str, delta: float):
+    before = _charges(db, name)
+    try:
+        df = db.query(sql.replace("{d}", name), epsilon=1.0, delta=delta)
+    except QueryRejected as exc:
+        assert _charges(db, name) == before, "a rejected query was charged"
+        return ("rejected", str(exc).replace(name + ".", "{d}."))
+    except DPCHError as exc:  # accepted, charged, then failed: a defect either way
+        return ("failed", type(exc).__name__)
+    assert _charges(db, name) == before + 1
+    public = df.attrs["dpch"]["key_mode"] == "public"
+    keys = [c for c, info in df.attrs["dpch"]["columns"].items() if info["kind"] == "key"]
+    return ("answered", tuple(df.columns), len(df) if public or not keys else None,
+            tuple(sorted(map(tuple, df[keys].astype(str).values.tolist()))) if public and keys else None)
+
+
+CASES = [
+    # singling out unit 42 through a public table
+    ("SELECT COUNT(*) AS n FROM {d}.customer c JOIN {d}.target t ON c.c_custkey = t.k", 0.0),
+    ("SELECT t.label AS label, SUM(o_totalprice) AS s FROM {d}.orders o JOIN {d}.target t ON o.o_custkey = t.k "
+     "GROUP BY label", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.lineitem WHERE l_orderkey IN (SELECT k + 99958 FROM {d}.target)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE c_custkey IN (SELECT k FROM {d}.target)", 0.0),
+    # the nation only unit 42 lives in: its key is public, released on both
+    ("SELECT n_name, COUNT(*) AS n, SUM(l_quantity) AS q FROM {d}.lineitem l JOIN {d}.orders o "
+     "ON l.l_orderkey = o.o_orderkey JOIN {d}.customer c ON o.o_custkey = c.c_custkey JOIN {d}.nation n "
+     "ON c.c_nationkey = n.n_nationkey GROUP BY n_name", 0.0),
+    ("SELECT n_name, COUNT(*) AS n FROM {d}.customer c LEFT JOIN {d}.nation n ON c.c_nationkey = n.n_nationkey "
+     "GROUP BY n_name", 0.0),
+    # private keys of the heavy unit's orders (selection is random: only success and columns compared)
+    ("SELECT o_orderkey, COUNT(*) AS n FROM {d}.lineitem l JOIN {d}.orders o ON l.l_orderkey = o.o_orderkey "
+     "GROUP BY o_orderkey", 1e-6),
+    # extreme values of unit 42 through a CTE, casts and division (total functions)
+    ("WITH x AS (SELECT l_orderkey, toUInt8(l_quantity) AS q, intDiv(l_price, l_quantity + 1) AS r "
+     "FROM {d}.lineitem) SELECT SUM(q) AS s, SUM(r) AS r FROM x", 0.0),
+    ("SELECT COUNT(*) AS n FROM (SELECT o_orderkey, o_totalprice * 1e300 AS big FROM {d}.orders) AS o "
+     "WHERE big > 1", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer c LEFT JOIN {d}.orders o ON o.o_custkey = c.c_custkey "
+     "WHERE o.o_totalprice > 1e11", 0.0),
+    # refused shapes: identical refusal on D and D′
+    ("SELECT COUNT(*) FROM {d}.orders o JOIN {d}.customer c ON o.o_totalprice = c.c_acctbal", 0.0),
+    ("SELECT COUNT(*) FROM {d}.orders a JOIN {d}.orders b ON a.o_custkey = b.o_custkey", 0.0),
+    ("SELECT COUNT(*) FROM {d}.lineitem l JOIN {d}.customer c ON l.l_orderkey = c.c_custkey", 0.0),
+    ("SELECT COUNT(*) FROM {d}.target t LEFT JOIN {d}.customer c ON c.c_custkey = t.k", 0.0),
+    ("SELECT COUNT(*) FROM {d}.customer WHERE c_custkey IN (SELECT o_custkey FROM {d}.orders "
+     "WHERE o_totalprice > 1e11)", 0.0),
+    ("SELECT COUNT(*) FROM (SELECT o_custkey FROM {d}.orders GROUP BY o_custkey HAVING count() > 30) AS x", 0.0),
+    ("SELECT COUNT(*) FROM {d}.customer c WHERE EXISTS (SELECT 1 FROM {d}.orders o WHERE o.o_custkey = 42)", 0.0),
+    ("SELECT COUNT(*) FROM {d}.orders o CROSS JOIN {d}.target t", 0.0),
+    ("SELECT COUNT(*) FROM {d}.orders o JOIN {d}.target t ON o.o_custkey = t.k OR 1 = 1", 0.0),
+]
+
+
+@pytest.mark.parametrize("sql,delta", CASES, ids=[c[0][:70] for c in CASES])
+def test_join_attack_same_outcome_on_neighbours(ajdb, sql, delta):
+    d, dprime = (_outcome(ajdb, sql, name, delta) for name in NAMES)
+    assert d[0] != "failed" and dprime[0] != "failed", (d, dprime)
+    assert d == dprime, (d, dprime)
+    if d[0] == "rejected":
+        low = d[1].lower()
+        assert not any(s in low for s in ("1e9", "1000000000", "1e12", "the one")), d[1]
