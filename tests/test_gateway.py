@@ -127,7 +127,7 @@ def test_ping_and_metadata(server):
     r = q(server, "SELECT version(), timezone(), currentUser()")
     assert r.status_code == 200 and r.text.strip().split("\t")[1:] == ["UTC", "alice"]
     assert q(server, "SHOW DATABASES").text.split() == ["default", "demo"]
-    assert q(server, "SHOW TABLES FROM demo").text.strip() == "purchases"
+    assert q(server, "SHOW TABLES FROM demo").text.split() == ["purchases", "zones"]
     rows = [l.split("\t") for l in q(server, "DESCRIBE TABLE demo.purchases").text.strip().splitlines()]
     assert {r[0] for r in rows} == {"age", "amount", "purchase_id", "region", "user_id"}
     assert any("bounds [0, 500]" in r[4] for r in rows if r[0] == "amount")
@@ -156,7 +156,7 @@ def test_clickhouse_connect(server):
     assert all(abs(n - 4000) < 500 for n in df.n)
     arrow = c.query_arrow("SELECT dp_count(1) AS n FROM demo.purchases")
     assert arrow.column_names == ["n"]
-    assert c.query_df("SHOW TABLES FROM demo")["name"].tolist() == ["purchases"]
+    assert c.query_df("SHOW TABLES FROM demo")["name"].tolist() == ["purchases", "zones"]
     with pytest.raises(Exception, match="9104"):
         c.query("SELECT COUNT(*) FROM demo.purchases")
     c.close()
