@@ -116,12 +116,8 @@ class EmbeddedBackend:
     def render_data(self, sql: str, data, fmt: str) -> bytes:
         """Run ``sql`` that reads ``Python(dpch_source)`` (a DataFrame of released values) and return
         ClickHouse's own rendering of the result in ``fmt`` (the gateway's output formats)."""
-        dpch_source = data  # noqa: F841  (chDB resolves Python(name) from this frame)
-        with self._lock:
-            try:
-                return self._session.query(sql, fmt).bytes()
-            except Exception as exc:
-                raise BackendError(str(exc)) from exc
+        dpch_source = data  # noqa: F841  (chDB walks up the stack from _run to this frame)
+        return self._run(sql, fmt).bytes()
 
     def command_with_progress(self, sql: str, progress=None) -> None:
         """Run a statement; ``progress(read_bytes, total_bytes)`` is called as ClickHouse reads."""

@@ -238,7 +238,8 @@ class _Resolver:
         self.spec, self.catalog, self.backend = spec, catalog, backend
         self.instances: list[_Instance] = []
         self.extra_where: list[exp.Expression] = []
-        self.used: dict[tuple[str, str], str] = {}  # (alias, column) -> derived name (set later)
+        self.used: dict[tuple[str, str], None] = {}  # (alias, column) the query reads, in order (a set)
+        self.names: dict[tuple[str, str], str] = {}  # (alias, column) -> derived name, once all are known
 
     # -- tables ---------------------------------------------------------------------------------
     def _entry(self, table: exp.Table) -> TableEntry:
@@ -249,9 +250,6 @@ class _Resolver:
             return self.catalog.get(self.catalog.qualify(name))
         except CatalogError as exc:
             raise _reject(str(exc)) from None
-
-    def _lookup(self, name: str):
-        return self.catalog.lookup(name)
 
     def _instance(self, src: Source) -> _Instance:
         if src.table is not None:
@@ -387,7 +385,7 @@ class _Resolver:
                               "(they can multiply one unit's rows)")
             seen_tables.add(i.entry.table)
             try:
-                i.path = unit_path(i.entry, self._lookup)
+                i.path = unit_path(i.entry, self.catalog.lookup)
             except CatalogError as exc:
                 raise _reject(str(exc)) from None
             if i.path is None and len(self.instances) > 1:
@@ -408,6 +406,7 @@ class _Resolver:
             where = outer.args.get("where")
             outer.set("where", exp.Where(this=exp.and_(*extra, *([where.this] if where is not None else []))))
         root = unit_inst.path.root if unit_inst.path is not None else unit_inst.entry
+        self.names = self._final_names()
         relation, sources = self._relation_sql(join_pairs, unit_inst, semis)
         types = self._describe(relation)
         entry = self._entry_for(root, relation, sources, types, outer)
@@ -422,10 +421,9 @@ class _Resolver:
         return (direct or kept)[0]
 
     def _derived(self, alias: str, column: str) -> str:
-        key = (alias, column)
-        if key not in self.used:
-            self.used[key] = ""
-        return f"\0{alias}\0{column}"  # a marker, replaced by the final name in _finish_names
+        """Record that the query reads alias.column; its marker, replaced by the final name in _finish."""
+        self.used.setdefault((alias, column), None)
+        return f"\0{alias}\0{column}"
 
     def _rename(self, node: exp.Expression) -> exp.Expression:
         return node.copy().transform(
@@ -439,9 +437,7 @@ class _Resolver:
             for col in list(node.find_all(exp.Column)):
                 if not col.table and col.name in aliases and col.name != own_alias:
                     continue  # a select alias (bind resolves it); ClickHouse: an alias wins over a column
-                e = self._expand(col, n)
-                col.replace(self._rename(e) if not isinstance(e, exp.Column) else
-                            exp.column(self._derived(e.table, e.name)))
+                col.replace(self._rename(self._expand(col, n)))  # base columns, qualified -> markers
 
         for e in outer.expressions:
             fix(e, e.alias if isinstance(e, exp.Alias) else None)
@@ -488,8 +484,7 @@ class _Resolver:
         return names
 
     def _relation_sql(self, join_pairs, unit_inst: _Instance, semis: list[str]) -> tuple[str, dict]:
-        names = self._final_names()
-        self.names = names
+        names = self.names
         by_alias = {i.alias: i for i in self.instances}
         cols = [f"{quote_ident(a)}.{quote_ident(c)} AS {quote_ident(n)}" for (a, c), n in names.items()]
         sources = {n: (by_alias[a].entry.table, c) for (a, c), n in names.items()}
@@ -538,10 +533,11 @@ class _Resolver:
         aliased = {e.alias: e.this for e in outer.expressions if isinstance(e, exp.Alias)}
         keys = set()
         for g in outer.args["group"].expressions if outer.args.get("group") else []:
-            if isinstance(g, exp.Column) and not g.name.startswith("\0"):
+            if isinstance(g, exp.Column) and _marked(g.name) is None:
                 g = aliased.get(g.name, g)  # GROUP BY <select alias>
-            if isinstance(g, exp.Column) and g.name.startswith("\0"):
-                keys.add(self.names[tuple(g.name.split("\0")[1:])])  # type: ignore[index]
+            marked = _marked(g.name) if isinstance(g, exp.Column) else None
+            if marked is not None:
+                keys.add(self.names[marked])
         for (a, c), n in self.names.items():
             e = by_alias[a].entry
             if c in e.bounds:
@@ -574,11 +570,19 @@ class _Resolver:
         return tuple(vals) if len(vals) <= PUBLIC_KEY_LIMIT else None
 
 
+def _marked(name: str) -> tuple[str, str] | None:
+    """(alias, column) of a column marker made by _Resolver._derived, or None."""
+    if not name.startswith("\0"):
+        return None
+    _, alias, column = name.split("\0")
+    return alias, column
+
+
 def _finish(tree: exp.Select, names: dict[tuple[str, str], str]) -> exp.Select:
     for col in list(tree.find_all(exp.Column)):
-        if col.name.startswith("\0"):
-            _, a, c = col.name.split("\0")
-            col.replace(exp.column(names[(a, c)]))
+        marked = _marked(col.name)
+        if marked is not None:
+            col.replace(exp.column(names[marked]))
     return tree
 
 
