@@ -1,12 +1,16 @@
 """Attack cases for joins (issue 14), on D and D′ (customer 42 removed with its orders and their
 lineitems; see tests/test_joins.py for the schema: customer 42 is heavy, has extreme values and is
-the only customer of the nation ATLANTIS). As in test_attacks.py, a case passes iff the query is
+the only customer of the nation ATLANTIS), through db.query and through the gateway's rendering
+path (controller.run_query_formatted). As in test_attacks.py, a case passes iff the query is
 rejected before charging on both, with the same message, or answered on both with the same
 columns, row count and (public) keys, and charged on both. No message may quote unit 42's values."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from dpch.controller import run_query_formatted
 from dpch.errors import DPCHError, QueryRejected
 from test_joins import _build
 
@@ -88,3 +92,27 @@ def test_join_attack_same_outcome_on_neighbours(ajdb, sql, delta):
     if d[0] == "rejected":
         low = d[1].lower()
         assert not any(s in low for s in ("1e9", "1000000000", "1e12", "the one")), d[1]
+
+
+def _formatted_outcome(db, sql: str, name: str, delta: float):
+    """The gateway's path (the engine renders the answer): rejected before charging, or answered."""
+    before = _charges(db, name)
+    try:
+        out = run_query_formatted(db, sql.replace("{d}", name), "JSONCompact", epsilon=1.0, delta=delta)
+    except QueryRejected as exc:
+        assert _charges(db, name) == before, "a rejected query was charged"
+        return ("rejected", str(exc).replace(name + ".", "{d}."))
+    except DPCHError as exc:
+        return ("failed", type(exc).__name__)
+    assert _charges(db, name) == before + 1
+    doc = json.loads(out.body)
+    assert doc["rows"] == out.rows
+    # rows compared only without private partition selection (its released keys are random)
+    return ("answered", tuple(m["name"] for m in doc["meta"]), out.rows if delta == 0 else None)
+
+
+@pytest.mark.parametrize("sql,delta", CASES, ids=[c[0][:70] for c in CASES])
+def test_join_attack_same_outcome_through_the_rendering_path(ajdb, sql, delta):
+    d, dprime = (_formatted_outcome(ajdb, sql, name, delta) for name in NAMES)
+    assert d[0] != "failed" and dprime[0] != "failed", (d, dprime)
+    assert d == dprime, (d, dprime)
