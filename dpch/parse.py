@@ -112,8 +112,8 @@ def _split(tree: exp.Expression) -> tuple[exp.Expression, FromSpec | None]:
         return tree, None
     spec, flat = split_from(tree)
     for src in spec.sources:
-        if src.subquery is not None:
-            _check_nodes(src.subquery)
+        if src.subquery is not None:  # (an aggregate subquery may join tables of its own)
+            _check_nodes(split_from(src.subquery)[1] if needs_relation(src.subquery) else src.subquery)
     return flat, spec
 
 

@@ -61,14 +61,16 @@ class Source:
     alias: str
     table: exp.Table | None
     subquery: exp.Select | None
-    side: str  # "from" | "inner" | "left"
+    side: str  # "from" | "inner" | "left" | "comma" (FROM a, b: joined by equalities of WHERE)
     on: exp.Expression | None = None
     using: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class SemiJoin:
-    column: exp.Column
+    """A WHERE conjunct ``col [NOT] IN (SELECT …)`` or ``[NOT] EXISTS (SELECT …)`` (column None)."""
+
+    column: exp.Column | None
     subquery: exp.Select
     negated: bool
 
@@ -95,7 +97,7 @@ def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     return [node]
 
 
-def _in_subquery(node: exp.Expression) -> tuple[exp.Expression, exp.Select, bool] | None:
+def _in_subquery(node: exp.Expression) -> tuple[exp.Expression | None, exp.Select, bool] | None:
     negated = False
     if isinstance(node, exp.Not):
         negated, node = True, node.this
@@ -105,6 +107,8 @@ def _in_subquery(node: exp.Expression) -> tuple[exp.Expression, exp.Select, bool
         q = q.this if isinstance(q, exp.Subquery) else q
         if isinstance(q, exp.Select):
             return node.this, q, negated
+    if isinstance(node, exp.Exists) and isinstance(node.this, exp.Select):
+        return None, node.this, negated
     return None
 
 
@@ -164,6 +168,11 @@ def split_from(tree: exp.Select) -> tuple[FromSpec, exp.Select]:
         kind = (join.text("kind") or "").upper()
         if kind == "ARRAY" or "ARRAY" in side:
             raise _reject("ARRAY JOIN is not supported")
+        if kind == "CROSS" and not side and join.args.get("on") is None and not join.args.get("using") \
+                and not join.args.get("global_") and not join.args.get("strictness"):
+            # FROM a, b (or CROSS JOIN b): an inner join if WHERE connects it (resolved later)
+            sources.append(source(join.this, "comma"))
+            continue
         if join.args.get("global_") or join.args.get("strictness") or kind not in ("", "INNER", "OUTER") \
                 or side not in ("", "LEFT"):
             what = " ".join(x for x in (side, kind, join.text("strictness")) if x) or "this"
@@ -190,7 +199,7 @@ def split_from(tree: exp.Select) -> tuple[FromSpec, exp.Select]:
                 keep.append(c)
                 continue
             col, sub, negated = found
-            if not isinstance(col, exp.Column):
+            if col is not None and not isinstance(col, exp.Column):
                 raise _reject("x IN (SELECT ...) needs a column on the left")
             semis.append(SemiJoin(col, sub, negated))
         tree.set("where", exp.Where(this=exp.and_(*keep)) if keep else None)
@@ -217,6 +226,17 @@ class JoinedEntry(TableEntry):
         return self.sources.get(column, (self.table, column))
 
 
+@dataclass(frozen=True, eq=False)
+class DerivedEntry(TableEntry):
+    """A per-unit aggregate subquery seen as a table: one row per (GROUP BY keys, unit)."""
+
+    sql: str = ""
+
+    @property
+    def table_sql(self) -> str:
+        return f"(\n{self.sql}\n)"
+
+
 @dataclass
 class _Instance:
     alias: str
@@ -224,6 +244,8 @@ class _Instance:
     side: str
     path: UnitPath | None = None
     outputs: dict[str, exp.Expression] | None = None  # an inlined subquery's columns
+    filters: list[exp.Expression] = field(default_factory=list)  # a LEFT JOIN's ON conditions on this table
+    derived_unit_columns: frozenset[str] | None = None  # a per-unit subquery's columns that hold the unit
 
     @property
     def protected(self) -> bool:
@@ -231,6 +253,12 @@ class _Instance:
 
     def visible(self) -> set[str]:
         return set(self.outputs) if self.outputs is not None else set(self.entry.columns)
+
+    def unit_columns(self) -> frozenset[str]:
+        """Columns whose value IS the row's unit (equating two of them joins rows of one unit)."""
+        if self.derived_unit_columns is not None:
+            return self.derived_unit_columns
+        return frozenset({self.path.column}) if self.path is not None and not self.path.hops else frozenset()
 
 
 class _Resolver:
@@ -259,6 +287,9 @@ class _Resolver:
         if src.side == "left":
             raise _reject(f"the subquery {src.alias} is on the right of a LEFT JOIN: join the table itself and "
                           "put its conditions in ON or WHERE")
+        if sub.args.get("group") is not None or any(isinstance(n, exp.AggFunc) for e in sub.expressions
+                                                    for n in e.walk()):
+            return self._per_unit_instance(src)
         for key, value in sub.args.items():
             if value not in (None, False, []) and key not in ("expressions", "from_", "where"):
                 raise _reject(f"the subquery {src.alias} must be row-level (columns and WHERE over one table); "
@@ -282,6 +313,112 @@ class _Resolver:
         if where is not None:
             self.extra_where.append(self._qualify_inner(where.this, entry, inner_alias, src.alias))
         return _Instance(src.alias, entry, src.side, outputs=outputs)
+
+    def _per_unit_instance(self, src: Source) -> _Instance:
+        """``(SELECT k, agg(x) AS a FROM … GROUP BY k) AS t`` where k determines the privacy unit
+        (the unit column, the reference that carries it, or a key that such a reference points
+        to): per-unit pre-aggregation. Its FROM is resolved as a relation of its own, and it is
+        grouped by (k, unit), so each of its rows is computed from ONE unit's rows; the outer query
+        then bounds those rows per unit as usual (docs/CONTROLLER.md, "Joins")."""
+        sub = src.subquery
+        assert sub is not None
+        for key, value in sub.args.items():
+            if value not in (None, False, []) and key not in ("expressions", "from_", "where", "group", "having",
+                                                              "joins"):
+                raise _reject(f"the aggregate subquery {src.alias}: {key.upper()} is not supported there")
+        spec, flat = split_from(sub)
+        inner = _Resolver(spec, self.catalog, self.backend)
+        flat, rel = inner.resolve(flat)
+        flat = _finish(flat, inner.names)
+        if rel.privacy_unit is None:
+            raise _reject(f"the aggregate subquery {src.alias} reads a row-level table: per-unit aggregation needs "
+                          "a privacy unit")
+        group = flat.args.get("group")
+        keys = list(group.expressions) if group is not None else []
+        if not keys or not all(isinstance(k, exp.Column) for k in keys):
+            raise _reject(f"the aggregate subquery {src.alias} must GROUP BY columns, one of which determines the "
+                          "privacy unit (e.g. GROUP BY c_custkey), so that each of its rows is one unit's")
+        origin = {name: ac for ac, name in inner.names.items()}
+        unit_keys = [k.name for k in keys if inner.holds_unit(origin.get(k.name))]
+        if not any(inner.determines_unit(origin.get(k.name)) for k in keys):
+            raise _reject(f"the aggregate subquery {src.alias} must GROUP BY a column that determines the privacy "
+                          "unit (its column, the reference that carries it, or a key such a reference points to), "
+                          "so that each of its rows is computed from one unit's rows")
+        key_names = {k.name for k in keys}
+        selects, roots, unit_outputs = [], [], set()
+        for e in flat.expressions:
+            node, name = e.unalias(), e.alias_or_name
+            if not name or name.startswith("__dp") or any(name == x for x, _ in selects):
+                raise _reject(f"every column of the aggregate subquery {src.alias} needs a distinct name (expr AS name)")
+            if isinstance(node, exp.Column) and node.name in key_names:
+                if node.name in unit_keys:
+                    unit_outputs.add(name)
+            elif isinstance(node, self._HAVING_AGGS) and (_no_argument(node) or not any(
+                    isinstance(x, (exp.AggFunc, exp.Select)) for x in node.this.walk())):
+                if isinstance(node.this, exp.Distinct):
+                    raise _reject(f"the aggregate subquery {src.alias}: COUNT(DISTINCT ...) is not supported there")
+                if not _no_argument(node):
+                    arg = node.this
+                    if isinstance(node, (exp.Sum, exp.Avg)):
+                        arg = exp.Anonymous(this="toFloat64", expressions=[arg.copy()])
+                    roots.append((f"{src.alias}.{name}", arg))
+            else:
+                raise _reject(f"the aggregate subquery {src.alias}: each column must be a GROUP BY column or "
+                              f"COUNT/SUM/AVG/MIN/MAX of a row expression (got {node.sql()[:60]})")
+            selects.append((name, node))
+        where = flat.args.get("where")
+        where_roots = [(f"{src.alias} WHERE", where.this)] if where is not None else []
+        aggs = {name: node for name, node in selects if isinstance(node, exp.AggFunc)}
+        having, having_roots = self._having(flat.args.get("having"), lambda n: n.copy().transform(
+            lambda c: aggs[c.name].copy() if isinstance(c, exp.Column) and not c.table and c.name in aggs else c), rel)
+        total = iter(self._total(rel, where_roots + roots + having_roots))
+        where_sql = f"\nWHERE {next(total).sql('clickhouse')}" if where is not None else ""
+        cols = []
+        for name, node in selects:
+            node = node.copy()
+            if isinstance(node, self._HAVING_AGGS) and not _no_argument(node):
+                node.set("this", next(total))
+            cols.append(f"{node.sql('clickhouse')} AS {quote_ident(name)}")
+        if having is not None:
+            for agg in having.find_all(exp.AggFunc):
+                if not _no_argument(agg):
+                    agg.set("this", next(total))
+        group_sql = ", ".join([quote_ident(k.name) for k in keys] + [UNIT_COLUMN])
+        sql = (f"SELECT {', '.join(cols)}, {UNIT_COLUMN}\nFROM {rel.table_sql}{where_sql}\nGROUP BY {group_sql}"
+               + (f"\nHAVING {having.sql('clickhouse')}" if having is not None else ""))
+        types = self._describe(sql)
+        types.pop(UNIT_COLUMN, None)
+        one = bool(unit_outputs) and len(keys) == 1  # grouped by the unit alone: one row per unit
+        entry = DerivedEntry(
+            table=f"(subquery {src.alias})", privacy_unit=UNIT_COLUMN, neighbour=rel.neighbour,
+            bounds=MappingProxyType({n: rel.bounds[n] for n, _ in selects if n in rel.bounds}),
+            max_groups_contributed=1 if one else rel.max_groups_contributed,
+            max_rows_per_unit=1 if one else rel.max_rows_per_unit,
+            max_rows_per_group=1 if one else rel.max_rows_per_group,
+            public_keys=MappingProxyType({n: rel.public_keys[n] for n, _ in selects if n in rel.public_keys}),
+            columns=MappingProxyType(types), salt=rel.salt, version=rel.version, sql=sql)
+        root = self.catalog.lookup(rel.table)
+        path = UnitPath(root, (), UNIT_COLUMN, None)
+        return _Instance(src.alias, entry, src.side, path=path,
+                         derived_unit_columns=frozenset(unit_outputs | {UNIT_COLUMN}))
+
+    def holds_unit(self, ac: tuple[str, str] | None) -> bool:
+        """Is alias.column the unit value itself (e.g. c_custkey, o_custkey)?"""
+        inst = next((i for i in self.instances if ac is not None and i.alias == ac[0]), None)
+        return inst is not None and inst.protected and ac[1] in inst.unit_columns()
+
+    def determines_unit(self, ac: tuple[str, str] | None) -> bool:
+        """Does alias.column determine its row's unit: the unit value, the reference that carries
+        the unit (l_orderkey), or a key that a unit-carrying reference points to (o_orderkey,
+        unique by the check at registration)?"""
+        if self.holds_unit(ac):
+            return True
+        inst = next((i for i in self.instances if ac is not None and i.alias == ac[0]), None)
+        if inst is None or not inst.protected or inst.path is None or inst.outputs is not None:
+            return False
+        if inst.path.reference is not None and inst.path.reference[0] == ac[1]:
+            return True
+        return any(not e.public and (inst.entry.table, ac[1]) in e.references.values() for e in self.catalog.list())
 
     def _qualify_inner(self, node: exp.Expression, entry: TableEntry, inner_alias: str, alias: str) -> exp.Expression:
         def requalify(col: exp.Expression) -> exp.Expression:
@@ -342,14 +479,14 @@ class _Resolver:
         else:
             pairs = []
             for c in _conjuncts(src.on):
-                if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
-                    raise _reject(f"JOIN ... ON must be equalities of columns joined by AND (got {c.sql()[:80]})")
-                a = self._join_key(c.this, n + 1)
-                b = self._join_key(c.expression, n + 1)
-                if (a[0] is new) == (b[0] is new):
-                    raise _reject(f"each ON equality must compare a column of {new.alias} with an earlier table "
-                                  f"(got {c.sql()[:80]})")
-                pairs.append((b, a) if a[0] is new else (a, b))
+                pair = self._key_pair(c, n)
+                if pair is not None:
+                    pairs.append(pair)
+                else:
+                    self._on_condition(c, n)
+            if not pairs:
+                raise _reject(f"JOIN {new.alias} ON needs at least one equality of a column of {new.alias} with a "
+                              "column of an earlier table; cross joins are not supported")
         earlier_protected = [i for i in self.instances[:n] if i.protected]
         if new.protected and earlier_protected:
             if not any(self._unit_edge(old, new, oc, nc) for (old, oc), (_, nc) in pairs):
@@ -359,13 +496,93 @@ class _Resolver:
                     f"child.fk = parent.key), so that a joined row never mixes the rows of two units")
         return pairs
 
+    def _key_pair(self, c: exp.Expression, n: int):
+        """((earlier instance, column), (joined instance, column)) if ``c`` is an equality of a
+        column of the joined table (index n) with a column of an earlier one, else None."""
+        if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)):
+            return None
+        a, b = self._expand(c.this, n + 1), self._expand(c.expression, n + 1)
+        if not (isinstance(a, exp.Column) and isinstance(b, exp.Column)):
+            return None
+        new = self.instances[n].alias
+        if (a.table == new) == (b.table == new):
+            return None
+        by_alias = {i.alias: i for i in self.instances}
+        ka, kb = (by_alias[a.table], a.name), (by_alias[b.table], b.name)
+        return (kb, ka) if a.table == new else (ka, kb)
+
+    def _on_condition(self, c: exp.Expression, n: int) -> None:
+        """A condition of ON that is not a key equality. INNER JOIN: the same as in WHERE. LEFT
+        JOIN: it may read only the joined table, and filters that table before the join (made
+        total in _total_filters, like every row-level expression)."""
+        new = self.instances[n]
+        if any(isinstance(x, (exp.Select, exp.AggFunc)) for x in c.walk()):
+            raise _reject(f"JOIN {new.alias} ON: subqueries and aggregates are not allowed in ON")
+        qualified = c.copy().transform(lambda x: self._expand(x, n + 1) if isinstance(x, exp.Column) else x)
+        if new.side != "left":
+            self.extra_where.append(qualified)
+            return
+        if any(col.table != new.alias for col in qualified.find_all(exp.Column)):
+            raise _reject(f"LEFT JOIN {new.alias} ON: a condition other than an equality of keys may read only "
+                          f"{new.alias}'s columns (got {c.sql()[:80]}); put conditions on earlier tables in WHERE")
+        new.filters.append(qualified.transform(lambda x: exp.column(x.name) if isinstance(x, exp.Column) else x))
+
+    def _place_commas(self, tree: exp.Select) -> exp.Select:
+        """``FROM a, b, c WHERE a.x = b.y AND …`` (or CROSS JOIN): each such table becomes an INNER
+        JOIN on the column equalities of WHERE that connect it to the tables placed before it
+        (taken in the order written; a table not yet connected waits for one that connects it).
+        Those equalities leave WHERE. A table that nothing connects is a cross join: refused."""
+        if not any(src.side == "comma" for src in self.spec.sources):
+            return tree
+        where = tree.args.get("where")
+        conjs = _conjuncts(where.this) if where is not None else []
+        edges: list[tuple[int, str, str]] = []
+        for idx, c in enumerate(conjs):
+            if isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column):
+                try:
+                    a = self._expand(c.this, len(self.instances))
+                    b = self._expand(c.expression, len(self.instances))
+                except QueryRejected:
+                    continue  # a select alias or an ambiguous name: stays in WHERE (bind judges it)
+                if isinstance(a, exp.Column) and isinstance(b, exp.Column) and a.table != b.table:
+                    edges.append((idx, a.table, b.table))
+        placed: list[tuple[Source, _Instance]] = []
+        pending: list[tuple[Source, _Instance]] = []
+        used: set[int] = set()
+
+        def place_pending() -> None:
+            aliases = {inst.alias for _, inst in placed}
+            for k, (src, inst) in enumerate(pending):
+                mine = [i for i, a, b in edges if i not in used and
+                        ((a == inst.alias and b in aliases) or (b == inst.alias and a in aliases))]
+                if mine:
+                    used.update(mine)
+                    on = exp.and_(*(conjs[i].copy() for i in mine))
+                    inst.side = "inner"
+                    placed.append((Source(src.alias, src.table, src.subquery, "inner", on), inst))
+                    del pending[k]
+                    return place_pending()
+
+        for src, inst in zip(self.spec.sources, self.instances):
+            (pending if src.side == "comma" else placed).append((src, inst))
+            place_pending()
+        if pending:
+            raise _reject(f"{pending[0][1].alias} is not connected to the other tables by an equality of columns in "
+                          "WHERE (or ON): cross joins are not supported")
+        self.spec = FromSpec(tuple(src for src, _ in placed), self.spec.semijoins)
+        self.instances = [inst for _, inst in placed]
+        tree = tree.copy()
+        rest = [c for i, c in enumerate(conjs) if i not in used]
+        tree.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
+        return tree
+
     def _unit_edge(self, a: _Instance, b: _Instance, a_col: str, b_col: str) -> bool:
         if not (a.protected and b.protected):
             return False
         for x, y, xc, yc in ((a, b, a_col, b_col), (b, a, b_col, a_col)):
             if x.path is not None and x.path.reference == (xc, y.entry.table, yc):
                 return True
-        return False
+        return a_col in a.unit_columns() and b_col in b.unit_columns()  # both sides hold the unit itself
 
     # -- main ---------------------------------------------------------------------------------------
     def resolve(self, tree: exp.Select) -> tuple[exp.Select, JoinedEntry]:
@@ -374,6 +591,7 @@ class _Resolver:
             if any(i.alias == inst.alias for i in self.instances):
                 raise _reject(f"the name {inst.alias!r} is used twice in FROM/JOIN: give each table its own alias")
             self.instances.append(inst)
+        tree = self._place_commas(tree)
         protected = [i for i in self.instances if i.protected]
         if not protected:
             raise _reject("the query reads only public tables: there is nothing to protect, so DPCH does not "
@@ -385,7 +603,8 @@ class _Resolver:
                               "(they can multiply one unit's rows)")
             seen_tables.add(i.entry.table)
             try:
-                i.path = unit_path(i.entry, self.catalog.lookup)
+                if i.path is None:  # (a per-unit subquery's is set already)
+                    i.path = unit_path(i.entry, self.catalog.lookup)
             except CatalogError as exc:
                 raise _reject(str(exc)) from None
             if i.path is None and len(self.instances) > 1:
@@ -397,6 +616,8 @@ class _Resolver:
                           "a query can combine only tables whose references lead to the same unit")
         join_pairs = [self._check_join(n, src) for n, src in enumerate(self.spec.sources) if n > 0]
         unit_inst = self._unit_source()
+        self.unit_path = unit_inst.path
+        self._total_filters()
 
         outer = tree.copy()
         self._rename_outer(outer)
@@ -411,6 +632,19 @@ class _Resolver:
         types = self._describe(relation)
         entry = self._entry_for(root, relation, sources, types, outer)
         return outer, entry
+
+    def _total_filters(self) -> None:
+        """Row-level expressions that run inside the relation get the totality stage's check and
+        total forms too (dpch.totality), with the engine's types over their one table."""
+        for inst in self.instances:
+            if inst.filters:
+                inst.filters = self._total(inst.entry, [(f"LEFT JOIN {inst.alias} ON", f) for f in inst.filters])
+
+    def _total(self, entry: TableEntry, roots: list[tuple[str, exp.Expression]]) -> list[exp.Expression]:
+        from .totality import make_total_expressions
+        from .typecheck import expression_types
+
+        return make_total_expressions(roots, entry, lambda sqls: expression_types(self.backend, entry, sqls))
 
     def _unit_source(self) -> _Instance:
         kept = [i for i in self.instances if i.protected and i.side in ("from", "inner")]
@@ -447,28 +681,179 @@ class _Resolver:
                 fix(node, None)
 
     def _semijoin(self, s: SemiJoin) -> str:
-        inst, column = self._join_key(s.column, len(self.instances))
         sub = s.subquery.copy()
-        inside = {}
+        if any(isinstance(x, exp.Select) for x in sub.walk() if x is not sub):
+            raise _reject("a subquery in IN (SELECT ...) or EXISTS cannot contain another subquery")
+        if sub.args.get("with_") is not None:
+            raise _reject("a subquery in IN (SELECT ...) or EXISTS cannot have its own WITH")
+        inside: dict[str, TableEntry] = {}
         for t in sub.find_all(exp.Table):
             if not isinstance(t.this, exp.Identifier):
-                raise _reject("table functions are not allowed in IN (SELECT ...)")
-            e = self._entry(t)
-            if not e.public:
-                raise _reject(f"a subquery in IN (SELECT ...) may read only public tables ({e.table} is protected): "
-                              "join the table instead")
-            inside[t.alias or t.name] = e
-            db, name = e.table.split(".", 1)
+                raise _reject("table functions are not allowed in IN (SELECT ...) or EXISTS")
+            inside[t.alias or t.name] = self._entry(t)
+            if t.alias:
+                inside.setdefault(t.name, inside[t.alias])
+        column = s.column
+        if column is None:
+            column, sub = self._decorrelate(sub, inside)
+        if all(e.public for e in inside.values()):
+            return self._public_semijoin(column, sub, inside, s.negated)
+        return self._protected_semijoin(column, sub, inside, s.negated)
+
+    def _is_inner(self, col: exp.Column, inside: Mapping[str, TableEntry]) -> bool:
+        if col.table:
+            return col.table in inside
+        return any(col.name in e.columns for e in inside.values())
+
+    def _decorrelate(self, sub: exp.Select, inside: Mapping[str, TableEntry]) -> tuple[exp.Column, exp.Select]:
+        """``EXISTS (SELECT … FROM t WHERE t.k = outer.c AND rest)`` → ``outer.c IN (SELECT t.k FROM
+        t WHERE rest)``: the same rows, as a semi-join the rules below can check."""
+        for key, value in sub.args.items():
+            if value not in (None, False, []) and key not in ("expressions", "from_", "where"):
+                raise _reject(f"EXISTS (SELECT ...) may have only FROM and WHERE ({key.upper()} is not supported)")
+        where = sub.args.get("where")
+        links, rest = [], []
+        for c in _conjuncts(where.this if where is not None else None):
+            outer = [x for x in c.find_all(exp.Column) if not self._is_inner(x, inside)]
+            if not outer:
+                rest.append(c)
+                continue
+            if not (isinstance(c, exp.EQ) and isinstance(c.this, exp.Column) and isinstance(c.expression, exp.Column)
+                    and len(outer) == 1):
+                raise _reject("EXISTS (SELECT ...) may refer to the outer query only in one equality of columns "
+                              f"(inner.key = outer.column); got {c.sql()[:80]}")
+            links.append((c.expression, c.this) if outer[0] is c.this else (c.this, c.expression))
+        if len(links) != 1:
+            raise _reject("EXISTS (SELECT ...) must be correlated with the outer query by exactly one equality of "
+                          "columns (inner.key = outer.column)")
+        inner_col, outer_col = links[0]
+        sub.set("expressions", [inner_col.copy()])
+        sub.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
+        return outer_col, sub
+
+    def _public_semijoin(self, column: exp.Column, sub: exp.Select, inside: Mapping[str, TableEntry],
+                         negated: bool) -> str:
+        """IN over public tables only: a filter that reads no protected row."""
+        inst, col = self._join_key(column, len(self.instances))
+        for t in sub.find_all(exp.Table):
+            db, _ = inside[t.alias or t.name].table.split(".", 1)
             t.set("db", exp.to_identifier(db))
-        for col in sub.find_all(exp.Column):
-            if col.table and col.table not in inside:
+        for c in sub.find_all(exp.Column):
+            if c.table and c.table not in inside:
                 raise _reject("a subquery in IN (SELECT ...) cannot refer to the outer query (correlated subquery)")
-            if not col.table and not any(col.name in e.columns for e in inside.values()) \
-                    and col.name not in {x.alias for x in sub.expressions if isinstance(x, exp.Alias)}:
-                raise _reject(f"column {col.name!r} in IN (SELECT ...) is not a column of its tables")
-        self._derived(inst.alias, column)
-        op = "NOT IN" if s.negated else "IN"
-        return f"{quote_ident(inst.alias)}.{quote_ident(column)} {op} ({sub.sql('clickhouse')})"
+            if not c.table and not any(c.name in e.columns for e in inside.values()) \
+                    and c.name not in {x.alias for x in sub.expressions if isinstance(x, exp.Alias)}:
+                raise _reject(f"column {c.name!r} in IN (SELECT ...) is not a column of its tables")
+        self._derived(inst.alias, col)
+        op = "NOT IN" if negated else "IN"
+        return f"{quote_ident(inst.alias)}.{quote_ident(col)} {op} ({sub.sql('clickhouse')})"
+
+    def _protected_semijoin(self, column: exp.Column, sub: exp.Select, inside: Mapping[str, TableEntry],
+                            negated: bool) -> str:
+        """``outer.c [NOT] IN (SELECT t.r FROM t [WHERE …] [GROUP BY t.r [HAVING …]])`` over ONE
+        protected table t, where outer.c = t.r follows the reference that carries the unit (in
+        either direction) or equates two unit columns. Then every row of t that can match an outer
+        row belongs to that row's unit, and a group of t by r is rows of one unit, so the filter
+        of a row depends only on its own unit's rows (docs/CONTROLLER.md, "Joins")."""
+        for key, value in sub.args.items():
+            if value not in (None, False, []) and key not in ("expressions", "from_", "where", "group", "having"):
+                raise _reject(f"a subquery over a protected table in IN (SELECT ...) may have only FROM, WHERE, GROUP "
+                              f"BY and HAVING ({key.upper()} is not supported)")
+        tables = list(sub.find_all(exp.Table))
+        if len(tables) != 1:
+            raise _reject("a subquery over a protected table in IN (SELECT ...) or EXISTS must read one table (no joins)")
+        t = tables[0]
+        entry = inside[t.alias or t.name]
+        names = {t.name, t.alias or t.name}
+        try:
+            path = unit_path(entry, self.catalog.lookup)
+        except CatalogError as exc:
+            raise _reject(str(exc)) from None
+        if path is None or self.unit_path is None or path.root.table != self.unit_path.root.table:
+            raise _reject(f"the subquery over {entry.table} in IN (SELECT ...) or EXISTS must read a table of the same "
+                          "privacy unit as the outer query's protected tables")
+
+        def own(node: exp.Expression) -> exp.Expression:
+            def unqualify(c: exp.Expression) -> exp.Expression:
+                if not isinstance(c, exp.Column):
+                    return c
+                if (c.table and c.table not in names) or c.name not in entry.columns:
+                    raise _reject(f"{c.sql()[:60]} in the subquery over {entry.table} is not a registered column of "
+                                  "it (a correlated subquery must be written as EXISTS with one key equality)")
+                return exp.column(c.name)
+            return node.copy().transform(unqualify)
+
+        if len(sub.expressions) != 1 or not isinstance(sub.expressions[0].unalias(), exp.Column):
+            raise _reject("a subquery over a protected table in IN (SELECT ...) must select one column")
+        inner = own(sub.expressions[0].unalias()).name
+        inst, col = self._join_key(column, len(self.instances))
+        probe = _Instance(t.alias or t.name, entry, "semi", path)
+        if not self._unit_edge(inst, probe, col, inner):
+            raise _reject(f"{column.sql()} IN (SELECT {inner} FROM {entry.table} ...): over a protected table, the "
+                          "columns must follow the declared reference that carries the privacy unit (e.g. "
+                          "o_orderkey IN (SELECT l_orderkey FROM lineitem ...)), so that a row is filtered by its "
+                          "own unit's rows only")
+        group = sub.args.get("group")
+        if group is not None and [own(g).sql() for g in group.expressions] != [exp.column(inner).sql()]:
+            raise _reject(f"a subquery over a protected table in IN (SELECT ...) may GROUP BY only its selected "
+                          f"column {inner} (one group = the rows of one key, hence of one unit)")
+        if sub.args.get("having") is not None and group is None:
+            raise _reject("HAVING needs GROUP BY in a subquery over a protected table")
+        where = sub.args.get("where")
+        roots = [("IN (SELECT ...) WHERE", own(where.this))] if where is not None else []
+        having, agg_roots = self._having(sub.args.get("having"), own, entry)
+        total = self._total(entry, roots + agg_roots)
+        cond = [f"isNotNull({quote_ident(inner)})"]  # a NULL in the set must not change NOT IN for anyone
+        if where is not None:
+            cond.append(f"({total[0].sql('clickhouse')})")
+        sql = f"SELECT {quote_ident(inner)} FROM {entry.table_sql} WHERE {' AND '.join(cond)}"
+        if group is not None:
+            sql += f" GROUP BY {quote_ident(inner)}"
+        if having is not None:
+            args = iter(total[len(roots):])
+            for agg in having.find_all(exp.AggFunc):
+                if not _no_argument(agg):
+                    agg.set("this", next(args))
+            sql += f" HAVING {having.sql('clickhouse')}"
+        self._derived(inst.alias, col)
+        op = "NOT IN" if negated else "IN"
+        return f"{quote_ident(inst.alias)}.{quote_ident(col)} {op} ({sql})"
+
+    _HAVING_NODES = (exp.And, exp.Or, exp.Not, exp.Paren, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
+                     exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Literal, exp.Boolean)
+    _HAVING_AGGS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+
+    def _having(self, having: exp.Having | None, own, entry: TableEntry):
+        """HAVING of a per-key subquery: comparisons and arithmetic of COUNT/SUM/AVG/MIN/MAX over
+        row expressions and numbers. Returns (the condition, the aggregates' arguments to make
+        total). Sums and averages run in Float64 (a Decimal sum can overflow, which throws)."""
+        if having is None:
+            return None, []
+        cond = own(having.this)
+        args = []
+        for node in cond.walk():
+            if isinstance(node, exp.AggFunc) and any(isinstance(p, exp.AggFunc) for p in _ancestors(node)):
+                raise _reject("HAVING in a subquery over a protected table: nested aggregates are not supported")
+            if isinstance(node, self._HAVING_AGGS):
+                arg = node.this
+                if isinstance(node, exp.Count) and isinstance(arg, exp.Distinct):
+                    raise _reject("HAVING COUNT(DISTINCT ...) is not supported in a subquery over a protected table")
+                if _no_argument(node):
+                    continue
+                if isinstance(node, (exp.Sum, exp.Avg)):
+                    arg = exp.Anonymous(this="toFloat64", expressions=[arg.copy()])
+                args.append(("HAVING", arg))
+            elif isinstance(node, exp.Column):
+                if not any(isinstance(p, self._HAVING_AGGS) for p in _ancestors(node)):
+                    raise _reject("HAVING in a subquery over a protected table may read columns only inside "
+                                  "COUNT/SUM/AVG/MIN/MAX")
+            elif not isinstance(node, self._HAVING_NODES) and not any(
+                    isinstance(p, self._HAVING_AGGS) for p in _ancestors(node)):
+                raise _reject(f"HAVING in a subquery over a protected table: {node.sql()[:60]} is not supported "
+                              "(comparisons and + - * / of COUNT/SUM/AVG/MIN/MAX and numbers)")
+            elif isinstance(node, exp.Literal) and node.is_string:
+                raise _reject("HAVING in a subquery over a protected table compares numbers only")
+        return cond, args
 
     def _final_names(self) -> dict[tuple[str, str], str]:
         by_col: dict[str, int] = {}
@@ -494,7 +879,10 @@ class _Resolver:
             on = " AND ".join(f"{quote_ident(o.alias)}.{quote_ident(oc)} = {quote_ident(n.alias)}.{quote_ident(nc)}"
                               for (o, oc), (n, nc) in pairs)
             kind = "LEFT JOIN" if inst.side == "left" else "INNER JOIN"
-            lines.append(f"{kind} {inst.entry.table_sql} AS {quote_ident(inst.alias)} ON {on}")
+            table = inst.entry.table_sql
+            if inst.filters:
+                table = f"(SELECT * FROM {table} WHERE {' AND '.join(f.sql('clickhouse') for f in inst.filters)})"
+            lines.append(f"{kind} {table} AS {quote_ident(inst.alias)} ON {on}")
         path = unit_inst.path
         unit_sql = None
         matched: list[str] = []
@@ -568,6 +956,18 @@ class _Resolver:
                                    f"LIMIT {PUBLIC_KEY_LIMIT + 1}")
         vals = [None if v != v else (v.item() if hasattr(v, "item") else v) for v in df["v"]]  # NaN/NA -> None
         return tuple(vals) if len(vals) <= PUBLIC_KEY_LIMIT else None
+
+
+def _no_argument(agg: exp.Expression) -> bool:
+    """COUNT(*) / count(): an aggregate with no row expression to make total."""
+    return agg.this is None or isinstance(agg.this, exp.Star)
+
+
+def _ancestors(node: exp.Expression):
+    p = node.parent
+    while p is not None:
+        yield p
+        p = p.parent
 
 
 def _marked(name: str) -> tuple[str, str] | None:

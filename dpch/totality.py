@@ -318,9 +318,9 @@ def _stringy(typ: str) -> bool:
 
 
 class _Totalizer:
-    def __init__(self, bound: BoundQuery, types: TypesOf | None):
+    def __init__(self, bound: BoundQuery | None, types: TypesOf | None, entry=None):
         self.bound = bound
-        self.entry = bound.entry
+        self.entry = bound.entry if bound is not None else entry
         self.types = types
         self.pending: list[exp.Expression] = []  # nodes whose total form depends on a type
 
@@ -560,6 +560,17 @@ def make_total(bound: BoundQuery, types: TypesOf | None = None) -> BoundQuery:
     ``types`` gives the engine's types of SQL expressions over the table (None: assume String,
     i.e. the conservative total form)."""
     return _Totalizer(bound, types).run()
+
+
+def make_total_expressions(roots: Sequence[tuple[str, exp.Expression]], entry, types: TypesOf | None
+                           ) -> list[exp.Expression]:
+    """The same for row-level expressions that run inside a joined relation (a LEFT JOIN's ON
+    condition, the WHERE of a semi-join's subquery): ``roots`` are (where, expression over
+    ``entry``'s unqualified columns); returns their total forms, in order."""
+    t = _Totalizer(None, types, entry)
+    copies = [(where, node.copy()) for where, node in roots]
+    arg_types = t._typed(copies)
+    return [t.rewrite(node, arg_types) for _, node in copies]
 
 
 def make_total_templates(bound: BoundQuery, key_types: Sequence[str] | None = None) -> BoundQuery:

@@ -114,6 +114,38 @@ ANSWERED = [
      "SELECT count() AS n FROM tj.customer WHERE c_nationkey = 0"),
     ("SELECT COUNT(*) AS n FROM tj.customer c LEFT JOIN tj.orders o USING (c_custkey) WHERE c_acctbal < 100",
      None),
+    # comma joins: WHERE equalities become the join keys
+    ("SELECT n_name, COUNT(*) AS n FROM tj.nation n, tj.customer c, tj.orders o WHERE o.o_custkey = c.c_custkey "
+     "AND c.c_nationkey = n.n_nationkey AND o_totalprice < 2000 GROUP BY n_name ORDER BY n_name",
+     "SELECT n_name, count() AS n FROM tj.customer c JOIN tj.orders o ON o.o_custkey = c.c_custkey "
+     "JOIN tj.nation n ON c.c_nationkey = n.n_nationkey WHERE o_totalprice < 2000 GROUP BY n_name ORDER BY n_name"),
+    # a LEFT JOIN's ON condition on the joined table filters it before the join
+    ("SELECT COUNT(*) AS n FROM tj.customer c LEFT JOIN tj.orders o ON c.c_custkey = o.o_custkey "
+     "AND o.o_status = 'F' WHERE c_acctbal < 2000",
+     "SELECT count() AS n FROM tj.customer c LEFT JOIN tj.orders o ON c.c_custkey = o.o_custkey "
+     "AND o.o_status = 'F' WHERE c_acctbal < 2000"),
+    # EXISTS along the reference, and IN over a per-order aggregate (TPC-H Q4 / Q18 shapes)
+    ("SELECT o_status AS st, COUNT(*) AS n FROM tj.orders WHERE EXISTS (SELECT * FROM tj.lineitem "
+     "WHERE l_orderkey = o_orderkey AND l_quantity > 40) GROUP BY st ORDER BY st",
+     "SELECT o_status AS st, count() AS n FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem "
+     "WHERE l_quantity > 40) GROUP BY st ORDER BY st"),
+    ("SELECT o_status AS st, COUNT(*) AS n FROM tj.orders WHERE NOT EXISTS (SELECT * FROM tj.lineitem "
+     "WHERE l_orderkey = o_orderkey AND l_quantity > 40) GROUP BY st ORDER BY st",
+     "SELECT o_status AS st, count() AS n FROM tj.orders WHERE o_orderkey NOT IN (SELECT l_orderkey FROM "
+     "tj.lineitem WHERE l_quantity > 40) GROUP BY st ORDER BY st"),
+    ("SELECT COUNT(*) AS n FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem "
+     "GROUP BY l_orderkey HAVING SUM(l_quantity) > 60)",
+     "SELECT count() AS n FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem "
+     "GROUP BY l_orderkey HAVING sum(l_quantity) > 60)"),
+    ("SELECT COUNT(*) AS n FROM tj.orders WHERE o_custkey IN (SELECT c_custkey FROM tj.customer WHERE c_nationkey = 1)",
+     "SELECT count() AS n FROM tj.orders WHERE o_custkey IN (SELECT c_custkey FROM tj.customer WHERE c_nationkey = 1)"),
+    # per-unit pre-aggregation joined to the unit's table
+    ("SELECT n_name, COUNT(*) AS n FROM (SELECT o_custkey, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey "
+     "HAVING k > 2) t JOIN tj.customer c ON c.c_custkey = t.o_custkey JOIN tj.nation n "
+     "ON n.n_nationkey = c.c_nationkey GROUP BY n_name ORDER BY n_name",
+     "SELECT n_name, count() AS n FROM (SELECT o_custkey, count() AS k FROM tj.orders GROUP BY o_custkey "
+     "HAVING k > 2) t JOIN tj.customer c ON c.c_custkey = t.o_custkey JOIN tj.nation n "
+     "ON n.n_nationkey = c.c_nationkey GROUP BY n_name ORDER BY n_name"),
 ]
 
 
@@ -135,6 +167,24 @@ def test_join_queries_answer_close_to_the_truth(jdb, sql, truth):
         assert r[f"{value}_lo"] - 20 * 100 <= true <= r[f"{value}_hi"], (sql, dict(r), true)
 
 
+def test_per_unit_histogram_tpch_q13_shape(jdb):
+    """TPC-H Q13: a per-customer count (LEFT JOIN with an ON filter), then the number of customers
+    per count. Each customer is one row of the subquery, so the outer bounds are k = M = 1."""
+    sql = ("SELECT c_count, COUNT(*) AS custdist FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count "
+           "FROM tj.customer LEFT OUTER JOIN tj.orders ON c_custkey = o_custkey AND o_status = 'F' "
+           "GROUP BY c_custkey) AS c_orders GROUP BY c_count ORDER BY custdist DESC, c_count DESC")
+    plan = prepare(jdb, sql, epsilon=1.0, delta=1e-6).plan
+    assert (plan.bounding.k, plan.bounding.max_rows) == (1, 1)
+    df = jdb.query(sql, epsilon=50.0, delta=1e-6)
+    exact = _truth(jdb, sql.replace("COUNT(*)", "count()"))
+    assert list(df["c_count"]) == [1, 4]  # the heavy customer's group (40 orders, 1 customer) is not released
+    truth = dict(zip(exact["c_count"], exact["custdist"]))
+    for _, r in df.iterrows():
+        # Laplace scale 2/50 per count (ε split between selection and the count): |noise| < 1
+        # with probability 1 - e^-25 per group
+        assert abs(r["custdist"] - truth[r["c_count"]]) < 1
+
+
 def test_public_domain_releases_every_public_key(jdb):
     df = jdb.query("SELECT n_name, COUNT(*) AS n FROM tj.customer c JOIN tj.nation n "
                    "ON c.c_nationkey = n.n_nationkey GROUP BY n_name", epsilon=1.0)
@@ -147,26 +197,69 @@ def test_public_domain_releases_every_public_key(jdb):
     ("SELECT COUNT(*) FROM tj.orders o JOIN tj.customer c ON o.o_totalprice = c.c_acctbal", "along declared references"),
     ("SELECT COUNT(*) FROM tj.lineitem l JOIN tj.customer c ON l.l_orderkey = c.c_custkey", "along declared references"),
     ("SELECT COUNT(*) FROM tj.orders a JOIN tj.orders b ON a.o_orderkey = b.o_orderkey", "self-joins"),
-    ("SELECT COUNT(*) FROM tj.orders CROSS JOIN tj.nation", "CROSS JOIN"),
-    ("SELECT COUNT(*) FROM tj.orders, tj.nation", "CROSS JOIN"),
+    ("SELECT COUNT(*) FROM tj.orders CROSS JOIN tj.nation", "cross joins are not supported"),
+    ("SELECT COUNT(*) FROM tj.orders, tj.nation", "cross joins are not supported"),
+    ("SELECT COUNT(*) FROM tj.orders, tj.nation WHERE o_custkey > n_nationkey", "cross joins are not supported"),
+    ("SELECT COUNT(*) FROM tj.orders, tj.nation WHERE o_custkey = n_nationkey OR o_status = 'F'",
+     "cross joins are not supported"),
+    ("SELECT COUNT(*) FROM tj.lineitem, tj.customer WHERE l_orderkey = c_custkey", "along declared references"),
     ("SELECT COUNT(*) FROM tj.orders o RIGHT JOIN tj.customer c ON o.o_custkey = c.c_custkey", "RIGHT JOIN"),
     ("SELECT COUNT(*) FROM tj.orders o FULL JOIN tj.customer c ON o.o_custkey = c.c_custkey", "FULL"),
     ("SELECT COUNT(*) FROM tj.nation n LEFT JOIN tj.customer c ON c.c_nationkey = n.n_nationkey", "LEFT JOIN"),
-    ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON o.o_totalprice > n.n_nationkey", "equalities of columns"),
-    ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON o.o_custkey + 1 = n.n_nationkey", "equalities of columns"),
-    ("SELECT COUNT(*) FROM tj.customer WHERE c_custkey IN (SELECT o_custkey FROM tj.orders)", "only public tables"),
+    ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON o.o_totalprice > n.n_nationkey", "at least one equality"),
+    ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON o.o_custkey + 1 = n.n_nationkey", "at least one equality"),
+    ("SELECT COUNT(*) FROM tj.customer c LEFT JOIN tj.orders o ON c.c_custkey = o.o_custkey AND c.c_acctbal > 1",
+     "may read only o's columns"),
+    ("SELECT COUNT(*) FROM tj.customer c LEFT JOIN tj.orders o ON c.c_custkey = o.o_custkey AND "
+     "throwIf(o.o_totalprice > 5) = 0", "throwif is not on the list"),
+    ("SELECT COUNT(*) FROM tj.customer WHERE c_acctbal IN (SELECT o_totalprice FROM tj.orders)",
+     "follow the declared reference"),
+    ("SELECT COUNT(*) FROM tj.nation WHERE n_nationkey IN (SELECT c_nationkey FROM tj.customer)",
+     "only public tables"),
+    ("SELECT COUNT(*) FROM tj.customer c JOIN tj.nation n ON c.c_nationkey = n.n_nationkey WHERE n_nationkey IN "
+     "(SELECT c_nationkey FROM tj.customer)", "follow the declared reference"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE EXISTS (SELECT * FROM tj.lineitem WHERE l_quantity > 10)",
+     "correlated with the outer query by exactly one equality"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE EXISTS (SELECT * FROM tj.lineitem WHERE l_orderkey = o_orderkey "
+     "AND l_price > o_totalprice)", "only in one equality"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE EXISTS (SELECT * FROM tj.lineitem WHERE l_price = o_totalprice)",
+     "follow the declared reference"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem "
+     "WHERE throwIf(l_quantity > 10) = 0)", "throwif is not on the list"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem GROUP BY l_price)",
+     "may GROUP BY only its selected column"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem GROUP BY l_orderkey "
+     "HAVING l_price > 3)", "only inside COUNT/SUM"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem GROUP BY l_orderkey "
+     "HAVING sum(sum(l_price)) > 3)", "nested aggregates"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem l JOIN tj.orders o2 "
+     "ON l.l_orderkey = o2.o_orderkey)", "JOINS is not supported"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tjp.lineitem)",
+     "same privacy unit"),
+    ("SELECT COUNT(*) FROM tj.orders WHERE o_orderkey IN (SELECT l_orderkey FROM tj.lineitem LIMIT 3)",
+     "LIMIT is not supported"),
     ("SELECT COUNT(*) FROM tj.customer c WHERE c_nationkey IN (SELECT n_nationkey FROM tj.nation n "
      "WHERE n.n_nationkey = c.c_custkey)", "correlated"),
-    ("SELECT COUNT(*) FROM (SELECT o_custkey, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey) AS x", "row-level"),
+    ("SELECT COUNT(*) FROM (SELECT o_status, COUNT(*) AS k FROM tj.orders GROUP BY o_status) AS x",
+     "GROUP BY a column that determines the privacy unit"),
+    ("SELECT COUNT(*) FROM (SELECT COUNT(*) AS k FROM tj.orders) AS x", "must GROUP BY columns"),
+    ("SELECT COUNT(*) FROM (SELECT o_custkey, o_status, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey) AS x",
+     "each column must be a GROUP BY column"),
+    ("SELECT COUNT(*) FROM (SELECT o_custkey, COUNT(DISTINCT o_status) AS k FROM tj.orders GROUP BY o_custkey) x",
+     "COUNT\\(DISTINCT"),
+    ("SELECT COUNT(*) FROM (SELECT o_custkey, SUM(throwIf(o_totalprice > 1)) AS k FROM tj.orders "
+     "GROUP BY o_custkey) x", "throwif is not on the list"),
+    ("SELECT SUM(k) FROM (SELECT o_custkey, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey) x",
+     "cannot bound|no bounds|bounds"),
+    ("SELECT COUNT(*) FROM (SELECT o_custkey, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey ORDER BY k LIMIT 5) x",
+     "not supported there"),
     ("SELECT COUNT(*) FROM tj.customer c LEFT JOIN (SELECT o_custkey FROM tj.orders) AS o "
      "ON o.o_custkey = c.c_custkey", "right of a LEFT JOIN"),
-    ("SELECT COUNT(*) FROM tj.orders o JOIN tj.customer c ON o.o_custkey = c.c_custkey WHERE c_custkey IN "
-     "(SELECT c_custkey FROM tj.customer)", "only public tables"),
     ("SELECT COUNT(*) FROM tj.orders o JOIN tjp.customer c ON o.o_custkey = c.c_custkey", "different privacy units"),
     ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON n_nationkey = o_custkey JOIN tj.nation n ON 1 = 1",
      "used twice"),
     ("SELECT COUNT(*) FROM tj.orders o JOIN tj.nation n ON n_nationkey = o_custkey JOIN tj.nation m ON 1 = 1",
-     "equalities of columns"),
+     "at least one equality"),
     ("SELECT COUNT(*) FROM tj.orders JOIN tj.nation ON n_nationkey = o_custkey WHERE "
      "o_status IN (SELECT * FROM numbers(3))", "table functions"),
 ])
@@ -185,6 +278,20 @@ SENSITIVITY = [
     "GROUP BY o_status",
     "SELECT n_name, AVG(l_quantity) AS a FROM tj.lineitem l JOIN tj.orders o ON l.l_orderkey = o.o_orderkey "
     "JOIN tj.customer c ON o.o_custkey = c.c_custkey JOIN tj.nation n ON n.n_nationkey = c.c_nationkey GROUP BY n_name",
+    "SELECT n_name, COUNT(*) AS n, SUM(l_price) AS s FROM tj.lineitem, tj.orders, tj.customer, tj.nation "
+    "WHERE l_orderkey = o_orderkey AND o_custkey = c_custkey AND n_nationkey = c_nationkey GROUP BY n_name",
+    "SELECT COUNT(*) AS n, SUM(o_totalprice) AS s FROM tj.customer c LEFT JOIN tj.orders o "
+    "ON c.c_custkey = o.o_custkey AND o.o_status = 'F'",
+    "SELECT o_status, COUNT(*) AS n, SUM(o_totalprice) AS s FROM tj.orders WHERE EXISTS (SELECT * FROM tj.lineitem "
+    "WHERE l_orderkey = o_orderkey AND l_quantity > 40) GROUP BY o_status",
+    "SELECT o_status, COUNT(*) AS n FROM tj.orders WHERE NOT EXISTS (SELECT * FROM tj.lineitem "
+    "WHERE l_orderkey = o_orderkey AND l_quantity < 40) GROUP BY o_status",
+    "SELECT COUNT(*) AS n, SUM(o_totalprice) AS s FROM tj.orders WHERE o_orderkey IN "
+    "(SELECT l_orderkey FROM tj.lineitem GROUP BY l_orderkey HAVING SUM(l_quantity) > 60)",
+    "SELECT c_count, COUNT(*) AS n FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count FROM tj.customer "
+    "LEFT JOIN tj.orders ON c_custkey = o_custkey AND o_status = 'F' GROUP BY c_custkey) t GROUP BY c_count",
+    "SELECT n_name, COUNT(*) AS n FROM (SELECT o_custkey, COUNT(*) AS k FROM tj.orders GROUP BY o_custkey) t "
+    "JOIN tj.customer c ON c.c_custkey = t.o_custkey JOIN tj.nation n ON n.n_nationkey = c.c_nationkey GROUP BY n_name",
 ]
 
 

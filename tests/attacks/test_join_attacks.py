@@ -81,6 +81,48 @@ CASES = [
     ("SELECT COUNT(*) FROM {d}.customer c WHERE EXISTS (SELECT 1 FROM {d}.orders o WHERE o.o_custkey = 42)", 0.0),
     ("SELECT COUNT(*) FROM {d}.orders o CROSS JOIN {d}.target t", 0.0),
     ("SELECT COUNT(*) FROM {d}.orders o JOIN {d}.target t ON o.o_custkey = t.k OR 1 = 1", 0.0),
+    # comma joins, semi-joins along references and per-unit subqueries aimed at unit 42
+    ("SELECT COUNT(*) AS n FROM {d}.customer, {d}.target WHERE c_custkey = k", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders, {d}.target, {d}.customer WHERE o_custkey = k AND c_custkey = o_custkey",
+     0.0),
+    ("SELECT COUNT(*) FROM {d}.orders, {d}.target WHERE o_custkey = 42", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE EXISTS (SELECT * FROM {d}.lineitem WHERE l_orderkey = o_orderkey "
+     "AND l_quantity > 1e8)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE NOT EXISTS (SELECT * FROM {d}.orders WHERE o_custkey = c_custkey "
+     "AND o_totalprice < 1e11)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE o_orderkey NOT IN (SELECT l_orderkey FROM {d}.lineitem "
+     "WHERE l_quantity > 1e8)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE o_orderkey IN (SELECT l_orderkey FROM {d}.lineitem "
+     "GROUP BY l_orderkey HAVING max(l_price) > 1e8)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE c_custkey IN (SELECT o_custkey FROM {d}.orders "
+     "WHERE o_totalprice > 1e11)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE EXISTS (SELECT * FROM {d}.target WHERE k = c_custkey)", 0.0),
+    ("SELECT c_count, COUNT(*) AS n FROM (SELECT c_custkey, COUNT(o_orderkey) AS c_count FROM {d}.customer "
+     "LEFT JOIN {d}.orders ON c_custkey = o_custkey GROUP BY c_custkey) t GROUP BY c_count", 1e-6),
+    ("SELECT COUNT(*) AS n FROM (SELECT o_custkey, SUM(o_totalprice) AS t FROM {d}.orders GROUP BY o_custkey "
+     "HAVING t > 1e12) x", 0.0),
+    ("SELECT n_name, COUNT(*) AS n FROM (SELECT o_custkey, MAX(o_totalprice) AS m FROM {d}.orders "
+     "GROUP BY o_custkey) x JOIN {d}.customer c ON c.c_custkey = x.o_custkey JOIN {d}.nation n "
+     "ON n.n_nationkey = c.c_nationkey WHERE m > 1e11 GROUP BY n_name", 0.0),
+    # run-time errors planted in the new row-level positions (made total, or refused on both)
+    ("SELECT COUNT(*) AS n FROM {d}.customer c LEFT JOIN {d}.orders o ON c.c_custkey = o.o_custkey "
+     "AND intDiv(1, toInt64(o.o_totalprice) - 1000000000000) = 0", 0.0),
+    ("SELECT COUNT(*) AS n FROM (SELECT o_custkey, SUM(intDiv(1, toInt64(o_totalprice) - 1000000000000)) AS t "
+     "FROM {d}.orders GROUP BY o_custkey) x", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE o_orderkey IN (SELECT l_orderkey FROM {d}.lineitem "
+     "WHERE toUInt8(l_quantity) = 0)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE o_orderkey IN (SELECT l_orderkey FROM {d}.lineitem "
+     "GROUP BY l_orderkey HAVING sum(l_quantity) / (count() - 30) > 1)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.orders WHERE o_orderkey IN (SELECT l_orderkey FROM {d}.lineitem "
+     "WHERE throwIf(l_quantity > 1e8) = 0)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer c LEFT JOIN {d}.orders o ON c.c_custkey = o.o_custkey "
+     "AND sleepEachRow(o.o_totalprice > 1e11) = 0", 0.0),
+    # refused: semi-joins off the unit, uncorrelated EXISTS, per-unit subquery not grouped by the unit
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE c_acctbal IN (SELECT o_totalprice FROM {d}.orders)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.nation WHERE n_nationkey IN (SELECT c_nationkey FROM {d}.customer)", 0.0),
+    ("SELECT COUNT(*) AS n FROM {d}.customer WHERE EXISTS (SELECT * FROM {d}.orders WHERE o_totalprice > 1e11)", 0.0),
+    ("SELECT COUNT(*) AS n FROM (SELECT o_status, MAX(o_totalprice) AS m FROM {d}.orders GROUP BY o_status) x "
+     "WHERE m > 1e11", 0.0),
 ]
 
 
