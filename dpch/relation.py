@@ -12,21 +12,23 @@ key domains, and the unit column ``__dp_unit``. The rest of the pipeline then ap
 bounds (k groups, C rows per group, M rows) to the *joined* rows, keyed by that unit: whatever a
 join fans out, one unit's contribution to any answer stays bounded (docs/CONTROLLER.md, "Joins").
 
-What is accepted (everything else is a QueryRejected that names the rule):
+What is accepted (everything else is a QueryRejected that names the rule; docs/CONTROLLER.md,
+"Joins", has the list and the sensitivity argument):
 
-- ``[INNER] JOIN`` and ``LEFT [OUTER] JOIN`` with ``ON`` (a conjunction of column equalities, each
-  between the joined table and an earlier one) or ``USING``;
+- ``[INNER] JOIN`` / ``LEFT [OUTER] JOIN`` with ``ON`` (at least one key equality with an earlier
+  table; other INNER conditions act as WHERE, other LEFT conditions filter the joined table) or
+  ``USING``; comma joins whose WHERE equalities connect each table to an earlier one;
 - protected ⋈ public on any columns; protected ⋈ protected only along the reference that carries
-  the unit (e.g. ``lineitem.l_orderkey = orders.o_orderkey``), so a joined row never pairs rows of
-  two units; all protected tables share one unit (one root), and each appears once (no self-join);
-- the unit of a joined row comes from a protected table that every row keeps (the FROM table or
-  an INNER-joined one): a protected table only on the right of a LEFT JOIN from a public table is
-  refused;
-- a CTE or a subquery in FROM (or INNER-joined) that is row-level over ONE catalogued table
-  (columns and row expressions, WHERE): inlined, its WHERE joins the outer WHERE;
-- ``col [NOT] IN (SELECT …)`` conjuncts of WHERE whose subquery reads only public tables
-  (uncorrelated): a filter of the relation (public data only, so it can neither fail nor take time
-  depending on a protected row).
+  the unit (e.g. ``lineitem.l_orderkey = orders.o_orderkey``) or on two unit columns, so a joined
+  row never pairs rows of two units; all protected tables share one unit (one root), and each
+  appears once (no self-join); the unit of a joined row comes from a table every row keeps;
+- a CTE or a subquery in FROM that is row-level over ONE catalogued table (inlined, its WHERE
+  joins the outer WHERE), or that pre-aggregates per unit (GROUP BY a unit-determining column; run
+  grouped by (keys, unit), so each of its rows is one unit's);
+- ``col [NOT] IN (SELECT …)`` over public tables; ``col [NOT] IN (SELECT key FROM t …)`` and
+  ``[NOT] EXISTS`` over one protected table along the unit-carrying reference, so a row is
+  filtered by its own unit's rows only. Row expressions that run inside the relation (LEFT JOIN
+  conditions, subquery WHERE, aggregate arguments) get the totality stage's rules.
 """
 from __future__ import annotations
 
