@@ -195,6 +195,7 @@ class Explanation:
     requested_delta: float
     timings_ms: dict
     per_unit_stage: str = ""  # how the per-unit stage runs; whether a per-unit projection can serve it
+    relation: list[str] = field(default_factory=list)  # joins: the tables, how each reaches the unit
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -202,6 +203,9 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"table {self.table}: privacy unit {self.privacy_unit or '(row level)'}, "
                  f"neighbour relation {self.neighbour}"]
+        if self.relation:
+            lines.append(f"joined relation (bounded per unit after the join; charged to {self.table}):")
+            lines += [f"  {line}" for line in self.relation]
         b = self.bounding
         lines.append(f"contribution bounds: {b['k']} group(s) per unit, {b['max_rows']} row(s) per unit, "
                      f"{b['rows_per_group']} per group")
@@ -274,7 +278,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
     sel = plan.selection
     b = plan.bounding
     return Explanation(
-        sql=prepared.rewritten.display_sql, table=plan.entry.table, privacy_unit=plan.entry.privacy_unit,
+        sql=prepared.rewritten.display_sql, table=plan.entry.table,
+        privacy_unit=getattr(plan.entry, "unit_name", "") or plan.entry.privacy_unit,
         neighbour=plan.entry.neighbour,
         bounding={"k": b.k, "max_rows": b.max_rows, "rows_per_group": b.rows_per_group, "row_level": b.row_level},
         key_mode=plan.key_mode, key_domains=key_domains,
@@ -283,7 +288,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
                                             "max_new_groups_per_unit": sel.new_groups},
         quantities=quantities, aggregates=aggregates, outputs=outputs,
         epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
-        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan))
+        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),
+        relation=list(getattr(plan.entry, "layout", ())))
 
 
 def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:

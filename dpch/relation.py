@@ -219,6 +219,8 @@ class JoinedEntry(TableEntry):
     relation_sql: str = ""
     sources: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     tables: tuple[str, ...] = ()
+    unit_name: str = ""  # the unit as the analyst knows it: root table.column
+    layout: tuple[str, ...] = ()  # one line per table / filter, for explain
 
     @property
     def table_sql(self) -> str:
@@ -270,6 +272,7 @@ class _Resolver:
         self.extra_where: list[exp.Expression] = []
         self.used: dict[tuple[str, str], None] = {}  # (alias, column) the query reads, in order (a set)
         self.names: dict[tuple[str, str], str] = {}  # (alias, column) -> derived name, once all are known
+        self.semi_sql: list[str] = []
 
     # -- tables ---------------------------------------------------------------------------------
     def _entry(self, table: exp.Table) -> TableEntry:
@@ -623,7 +626,7 @@ class _Resolver:
 
         outer = tree.copy()
         self._rename_outer(outer)
-        semis = [self._semijoin(s) for s in self.spec.semijoins]
+        semis = self.semi_sql = [self._semijoin(s) for s in self.spec.semijoins]
         extra = [self._rename(e) for e in self.extra_where]
         if extra:
             where = outer.args.get("where")
@@ -949,7 +952,29 @@ class _Resolver:
             max_rows_per_group=None if any(c is None for c in per_group) else max(per_group),
             public_keys=MappingProxyType(public_keys), columns=MappingProxyType(types), salt=root.salt,
             version=root.version, relation_sql=relation, sources=MappingProxyType(sources),
-            tables=tuple(dict.fromkeys(i.entry.table for i in self.instances)))
+            tables=tuple(dict.fromkeys(i.entry.table for i in self.instances)),
+            unit_name=f"{root.table}.{root.privacy_unit}" if root.privacy_unit else "",
+            layout=tuple(self._layout()))
+
+    def _layout(self):
+        for inst in self.instances:
+            how = {"from": "FROM", "inner": "INNER JOIN", "left": "LEFT JOIN"}.get(inst.side, inst.side)
+            head = f"{inst.alias}: {how} {inst.entry.table}"
+            if inst.entry.public:
+                yield f"{head}, public"
+            elif isinstance(inst.entry, DerivedEntry):
+                yield f"{head}: per-unit pre-aggregation, grouped by its keys and the unit"
+            elif inst.path is None:
+                yield f"{head}, row level"
+            elif not inst.path.hops:
+                yield f"{head}, unit column {inst.path.column}"
+            else:
+                chain = " → ".join(f"{h.column} = {h.table.table}.{h.key}" for h in inst.path.hops)
+                yield f"{head}, unit through {chain} → {inst.path.column}"
+            for f in inst.filters:
+                yield f"  filtered before the join: {f.sql('clickhouse')[:100]}"
+        for semi in self.semi_sql:
+            yield f"semi-join: {semi[:160]}"
 
     def _public_domain(self, entry: TableEntry, column: str) -> tuple | None:
         """The distinct values of a public table's column (public data), or None if too many."""

@@ -320,3 +320,20 @@ def test_bounding_after_the_join_keeps_the_declared_sensitivity(jdb, sql):
         assert math.sqrt(float((col ** 2).sum())) <= q.l2 + 1e-9
         moved = max(moved, float(np.abs(col).sum()) / q.l1)
     assert moved > 0.5  # the heavy unit uses most of its allowance: the check is not vacuous
+
+
+def test_explain_lists_the_tables_and_how_each_reaches_the_unit(jdb):
+    ex = jdb.explain("SELECT n_name, COUNT(*) AS n FROM tj.lineitem, tj.orders, tj.customer, tj.nation "
+                     "WHERE l_orderkey = o_orderkey AND o_custkey = c_custkey AND n_nationkey = c_nationkey "
+                     "AND o_orderkey IN (SELECT l_orderkey FROM tj.lineitem GROUP BY l_orderkey "
+                     "HAVING SUM(l_quantity) > 3) GROUP BY n_name", epsilon=1.0)
+    assert ex.privacy_unit == "tj.customer.c_custkey"
+    assert ex.relation[:4] == [
+        "lineitem: FROM tj.lineitem, unit through l_orderkey = tj.orders.o_orderkey → o_custkey",
+        "orders: INNER JOIN tj.orders, unit column o_custkey",
+        "customer: INNER JOIN tj.customer, unit column c_custkey",
+        "nation: INNER JOIN tj.nation, public"]
+    assert ex.relation[4].startswith("semi-join: `orders`.`o_orderkey` IN (SELECT `l_orderkey`")
+    text = str(ex)
+    assert "joined relation (bounded per unit after the join; charged to tj.customer):" in text
+    assert ex.to_dict()["relation"] == ex.relation
