@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-tpch clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -29,6 +29,20 @@ test: install
 # bench/.venv-opendp (created on first use) and runs them there; see bench/RESULTS.md.
 bench: install
 	$(VPY) bench/run_all.py
+
+# TPC-H for DP joins (issue 14): the `tpch` extra (tpchgen-cli) into .venv, then SF 1 at ε = 1 and
+# R2T's own queries at ε = 0.8; data and stores are cached in bench/.data (see bench/RESULTS.md).
+TPCH_STAMP = $(VENV)/.installed-tpch
+
+$(TPCH_STAMP): $(STAMP)
+	$(VPY) -m pip install -q -e '.[test,tpch]'
+	@touch $(TPCH_STAMP)
+
+bench-tpch: $(TPCH_STAMP)
+	mkdir -p bench/out
+	$(VPY) bench/bench_tpch.py --sf 1 --out bench/out/tpch_sf1.json --markdown bench/out/tpch_sf1.md
+	$(VPY) bench/bench_tpch.py --sf 1 --epsilon 0.8 --queries R2T-Q3,R2T-Q10,R2T-Q18 \
+		--out bench/out/tpch_sf1_r2t.json --markdown bench/out/tpch_sf1_r2t.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

@@ -59,6 +59,8 @@ setup(
         "udf": [],
         "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27"],
         "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
+        # bench/bench_tpch.py: the TPC-H data generator (writes Parquet; no other dependency)
+        "tpch": ["tpchgen-cli>=4.0"],
     },
     entry_points={"console_scripts": ["dpch=dpch.cli:main", "dpch-udf=dpch.udf_entry:main"]},
 )
