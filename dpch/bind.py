@@ -314,6 +314,12 @@ class _Binder:
         self.agg_index[key] = idx
         return idx
 
+    def _unit_columns(self) -> set[str]:
+        """The privacy unit column, and in a joined relation the columns equal to it on every row
+        (e.g. c_custkey and o_custkey when customer and orders are joined on them)."""
+        unit = self.entry.privacy_unit
+        return ({unit} if unit else set()) | set(getattr(self.entry, "unit_aliases", ()))
+
     def _aggregate(self, node: exp.Expression) -> int:
         """Normalise one aggregate call (already unqualified) and register it."""
         unit = self.entry.privacy_unit
@@ -325,10 +331,12 @@ class _Binder:
                 if unit is None:
                     raise _reject(f"{text}: COUNT(DISTINCT ...) needs a privacy unit; {self.entry.table} is "
                                   "row level (every row is a unit), use COUNT(*)")
-                if len(exprs) == 1 and isinstance(exprs[0], exp.Column) and exprs[0].name == unit:
+                if len(exprs) == 1 and isinstance(exprs[0], exp.Column) and exprs[0].name in self._unit_columns():
                     return self._add_agg("count_distinct_unit", None, None, node)
+                shown = sorted(c for c in self._unit_columns() if not c.startswith("__dp")) or [
+                    getattr(self.entry, "unit_name", "") or unit]
                 raise _reject(f"{text}: COUNT(DISTINCT ...) is only supported on the privacy unit column "
-                              f"({unit}); its sensitivity is unbounded for other columns")
+                              f"({', '.join(shown)}); its sensitivity is unbounded for other columns")
             if node.expressions:
                 raise _reject(f"{text}: COUNT takes at most one argument")
             if arg is None or isinstance(arg, exp.Star):
@@ -504,10 +512,10 @@ class _Binder:
         if not self.aggs and not grouped:
             raise _reject("the query has no aggregate and no GROUP BY: DPCH answers aggregate queries "
                           "(COUNT, SUM, AVG, VAR/STDDEV); selecting rows is not differentially private")
-        unit = self.entry.privacy_unit
         for key in self.keys:
-            if unit is not None and unit in key.columns:
-                raise _reject(f"GROUP BY {key.sql}: grouping by the privacy unit ({unit}) would release "
+            held = self._unit_columns() & set(key.columns)
+            if held:
+                raise _reject(f"GROUP BY {key.sql}: grouping by the privacy unit ({min(held)}) would release "
                               "per-unit values")
 
         return BoundQuery(parsed=self.parsed, entry=self.entry, where=where, keys=tuple(self.keys),

@@ -220,6 +220,7 @@ class JoinedEntry(TableEntry):
     sources: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     tables: tuple[str, ...] = ()
     unit_name: str = ""  # the unit as the analyst knows it: root table.column
+    unit_aliases: frozenset[str] = frozenset()  # relation columns equal to __dp_unit on every row
     layout: tuple[str, ...] = ()  # one line per table / filter, for explain
 
     @property
@@ -954,6 +955,9 @@ class _Resolver:
             version=root.version, relation_sql=relation, sources=MappingProxyType(sources),
             tables=tuple(dict.fromkeys(i.entry.table for i in self.instances)),
             unit_name=f"{root.table}.{root.privacy_unit}" if root.privacy_unit else "",
+            unit_aliases=frozenset(n for (a, c), n in self.names.items()
+                                   if by_alias[a].protected and by_alias[a].side in ("from", "inner")
+                                   and c in by_alias[a].unit_columns()),
             layout=tuple(self._layout()))
 
     def _layout(self):

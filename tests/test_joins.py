@@ -337,3 +337,20 @@ def test_explain_lists_the_tables_and_how_each_reaches_the_unit(jdb):
     text = str(ex)
     assert "joined relation (bounded per unit after the join; charged to tj.customer):" in text
     assert ex.to_dict()["relation"] == ex.relation
+
+
+def test_count_distinct_of_a_column_that_holds_the_unit(jdb):
+    """In a join, c_custkey and o_custkey equal the unit on every row: COUNT(DISTINCT) of either is
+    the distinct-unit count (sensitivity k), and GROUP BY either is refused like GROUP BY the unit."""
+    sql = ("SELECT n_name, COUNT(DISTINCT c_custkey) AS a, COUNT(DISTINCT o_custkey) AS b FROM tj.customer, "
+           "tj.orders, tj.nation WHERE c_custkey = o_custkey AND c_nationkey = n_nationkey GROUP BY n_name")
+    plan = prepare(jdb, sql, epsilon=1.0).plan
+    assert [a.func for a in plan.bound.aggregates] == ["count_distinct_unit"]  # both are one aggregate
+    assert len(plan.quantities) == 1  # one noisy quantity serves both
+    with pytest.raises(QueryRejected, match=r"grouping by the privacy unit \(c_custkey\)"):
+        jdb.query("SELECT c_custkey, COUNT(*) FROM tj.customer, tj.orders WHERE c_custkey = o_custkey "
+                  "GROUP BY c_custkey", epsilon=1.0, delta=1e-6)
+    # o_custkey is NULL-or-default for a customer without orders: not the unit on every row
+    with pytest.raises(QueryRejected, match=r"only supported on the privacy unit column \(tj.customer.c_custkey\)"):
+        jdb.query("SELECT COUNT(DISTINCT o_custkey) FROM tj.customer c LEFT JOIN tj.orders o "
+                  "ON c.c_custkey = o.o_custkey", epsilon=1.0)
