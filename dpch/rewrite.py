@@ -38,9 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bind import sql_of
-from .bounds import _flit
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
-from .plan import Plan, Quantity
+from .plan import Plan, Quantity, float_literal
 from .typecheck import default_row_sql, with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
@@ -268,17 +267,17 @@ class _Rewriter:
             return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
         if ap.func == "sum":
             q = qs[ap.roles["sum"]]
-            return f"({q.noisy_column} * {_flit(q.grid)})"
+            return f"({q.noisy_column} * {float_literal(q.grid)})"
         n = f"greatest({qs[ap.roles['count']].noisy_column}, 1)"
         s = qs[ap.roles["sum"]]
         lo, hi = ap.value_interval  # type: ignore[misc]
-        mean_c = f"({s.noisy_column} * {_flit(s.grid)} / {n})"
+        mean_c = f"({s.noisy_column} * {float_literal(s.grid)} / {n})"
         if ap.func == "avg":
-            return f"least(greatest({_flit(ap.centre)} + {mean_c}, {_flit(lo)}), {_flit(hi)})"
+            return f"least(greatest({float_literal(ap.centre)} + {mean_c}, {float_literal(lo)}), {float_literal(hi)})"
         sq = qs[ap.roles["sumsq"]]
         hw2 = ap.halfwidth * ap.halfwidth
-        m2 = f"({sq.noisy_column} * {_flit(sq.grid)} / {n} + {_flit(sq.centre)})"
-        var_pop = f"least(greatest({m2} - pow({mean_c}, 2), 0.), {_flit(hw2)})"
+        m2 = f"({sq.noisy_column} * {float_literal(sq.grid)} / {n} + {float_literal(sq.centre)})"
+        var_pop = f"least(greatest({m2} - pow({mean_c}, 2), 0.), {float_literal(hw2)})"
         if ap.func == "var_pop":
             return var_pop
         if ap.func == "stddev_pop":

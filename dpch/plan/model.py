@@ -1,0 +1,126 @@
+"""What a plan is: the noisy quantities, the aggregates built from them, the key domains, the
+partition selection, the contribution bounds and the whole Plan (dpch.plan's docstring says how
+each is decided)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..bind import AggCall, BoundQuery
+from ..catalog import TableEntry
+from ..cost import PrivacyCost
+from ..mechanisms import GaussianMechanism, LaplaceMechanism
+from .bounds import Interval
+from .options import QueryOptions
+
+
+@dataclass
+class Quantity:
+    """One noisy value per group, computed exactly once."""
+
+    index: int
+    key: str  # identity for sharing
+    label: str
+    kind: str  # "rows" (count of rows matching pred), "units" (distinct units) or "sum"
+    row_sql: str | None  # per-row Int64 contribution (units); None for plain row counts / units
+    lo_units: int  # per-row contribution range in units
+    hi_units: int
+    grid: float  # value of one unit
+    centre: float  # value = centre * count + grid * units
+    value_interval: Interval | None = None  # per-row value interval (sums)
+    l1: float = 0.0
+    l2: float = 0.0
+    multi_coordinate: bool = False
+    weight: float = 1.0
+    mechanism: str = "laplace"
+    epsilon: float = 0.0
+    delta: float = 0.0
+    scale: float = 0.0  # b or σ in units
+    is_selection: bool = False
+    aggregates: list[int] = field(default_factory=list)  # aggregate indices using it
+
+    @property
+    def column(self) -> str:
+        return f"__dp_q{self.index}"
+
+    @property
+    def noisy_column(self) -> str:
+        return f"__dp_n{self.index}"
+
+    def mechanism_object(self):
+        if self.mechanism == "laplace":
+            return LaplaceMechanism(self.scale, True)
+        return GaussianMechanism(self.scale, True)
+
+    def noise_sql(self, value_sql: str) -> str:
+        return self.mechanism_object().sql(value_sql)
+
+    def ci_halfwidth_units(self, level: float) -> float:
+        return self.mechanism_object().ci_halfwidth(level)
+
+
+@dataclass
+class AggregatePlan:
+    call: AggCall
+    roles: dict[str, int]  # role -> quantity index: "count", "sum", "sumsq"
+    value_interval: Interval | None = None  # per-row value bounds (avg/var)
+    centre: float = 0.0
+    halfwidth: float = 0.0
+
+    @property
+    def func(self) -> str:
+        return self.call.func
+
+
+@dataclass
+class KeyDomain:
+    """A public domain for one GROUP BY key: SQL for an Array of key values, and the row filter."""
+
+    array_sql: str
+    filter_sql: str | None
+    source: str  # "catalog public keys", "query keys", "bounded integer column"
+    size: int
+
+
+@dataclass
+class Selection:
+    quantity: int  # index of the "units" quantity used for thresholding
+    threshold: int  # release iff noisy count >= threshold
+    epsilon: float
+    delta: float
+    scale: float
+    new_groups: int  # k: groups one unit can create
+
+
+@dataclass
+class Bounding:
+    k: int  # groups per unit (1 if not grouped)
+    max_rows: int  # M
+    rows_per_group: int  # C
+    row_level: bool
+    neighbour: str
+
+
+@dataclass
+class Plan:
+    bound: BoundQuery
+    entry: TableEntry
+    epsilon: float
+    delta: float
+    options: QueryOptions
+    bounding: Bounding
+    quantities: list[Quantity]
+    aggregates: list[AggregatePlan]
+    key_mode: str  # "none", "public", "threshold"
+    key_domains: list[KeyDomain | None]
+    selection: Selection | None
+    cost: PrivacyCost
+    key_types: tuple[str, ...] | None = None  # the engine's type of each GROUP BY key (None: unknown)
+
+    @property
+    def grouped(self) -> bool:
+        return self.bound.grouped
+
+    def key_nullable(self, j: int) -> bool:
+        """Whether key j may be NULL (unknown types count as nullable: the NULL-safe form is used)."""
+        return self.key_types is None or "Nullable(" in self.key_types[j]
+

@@ -1,0 +1,314 @@
+"""The planner: from a bound query and (ε, δ) to a Plan (dpch.plan's docstring, points 1 to 7):
+the noisy quantities and the aggregates built from them, their sensitivities, the mechanism and
+the share of the budget of each, the key policy (public domains or private partition selection)
+and the PrivacyCost."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from sqlglot import exp
+
+from .. import calibration as cal
+from ..bind import AggCall, BoundQuery, sql_of
+from ..cost import MechanismCost, PrivacyCost
+from ..errors import InvalidParameter, QueryRejected
+from ..mechanisms import GaussianMechanism, LaplaceMechanism
+from .bounds import Interval, bound_expression, clip_float_sql, expr_nullable, float_literal
+from .gaussian import vector_gaussian_sigma
+from .key_domains import key_domain
+from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
+from .options import QueryOptions, check_budget_args
+from .selection import selection_threshold
+from .sensitivity import row_sensitivity, unit_sensitivity
+
+FIXED_POINT_BITS = 20
+MAX_PUBLIC_GROUPS = 1_000_000
+SELECTION_WEIGHT_KEY = "partition_selection"
+
+
+def _grid(halfwidth: float) -> float:
+    hw = halfwidth if halfwidth > 0 else 1.0
+    return math.ldexp(1.0, math.floor(math.log2(hw)) + 1 - FIXED_POINT_BITS)
+
+
+class _Planner:
+    def __init__(self, bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions,
+                 key_types: Sequence[str] | None = None):
+        self.key_types = tuple(key_types) if key_types is not None else None
+        self.bound = bound
+        self.entry = bound.entry
+        self.epsilon = epsilon
+        self.delta = delta
+        self.options = options
+        e = self.entry
+        grouped = bound.grouped
+        self.bounding = Bounding(
+            k=(e.max_groups_contributed if grouped else 1) if not e.row_level else 1,
+            max_rows=e.max_rows_per_unit if not e.row_level else 1,
+            rows_per_group=e.rows_per_group if not e.row_level else 1,
+            row_level=e.row_level, neighbour=e.neighbour)
+        self.quantities: list[Quantity] = []
+        self.qindex: dict[str, int] = {}
+
+    # -- quantities -------------------------------------------------------------------------
+    @property
+    def _units_equal_rows(self) -> bool:
+        """In the bounded data COUNT(*) equals the number of distinct (unit, group) pairs: every
+        kept (unit, group) has exactly one row (M = 1 and at most one group per unit)."""
+        return self.bounding.max_rows == 1 and self.bounding.k == 1
+
+    def _quantity(self, key: str, **kw) -> int:
+        if key in self.qindex:
+            return self.qindex[key]
+        idx = len(self.quantities)
+        q = Quantity(index=idx, key=key, **kw)
+        self.quantities.append(q)
+        self.qindex[key] = idx
+        return idx
+
+    def _units_quantity(self, label: str) -> int:
+        return self._quantity("units", label=label, kind="units", row_sql=None, lo_units=0, hi_units=1,
+                              grid=1.0, centre=0.0)
+
+    def _count_quantity(self, pred_sql: str | None, label: str) -> int:
+        if pred_sql is None:
+            if self._units_equal_rows:
+                return self._units_quantity(label)
+            return self._quantity("rows", label=label, kind="rows", row_sql=None, lo_units=0, hi_units=1,
+                                  grid=1.0, centre=0.0)
+        return self._quantity(f"rows|{pred_sql}", label=label, kind="rows",
+                              row_sql=f"toInt64(if({pred_sql}, 1, 0))", lo_units=0, hi_units=1, grid=1.0,
+                              centre=0.0)
+
+    def _sum_quantity(self, value_sql: str, iv: Interval, centre: float, cond_sql: str | None,
+                      label: str, nullable: bool = True) -> int:
+        lo, hi = iv
+        hw = max(abs(lo - centre), abs(hi - centre))
+        g = _grid(hw)
+        lo_u = int(round((lo - centre) / g))
+        hi_u = int(round((hi - centre) / g))
+        inv = 1.0 / g  # exact: g is a power of two
+        units = (f"least(greatest(toInt64(round(({value_sql} - {float_literal(centre)}) * {float_literal(inv)})), "
+                 f"{lo_u}), {hi_u})")
+        row = units if cond_sql is None else f"if({cond_sql}, {units}, 0)"
+        if nullable:
+            row = f"ifNull({row}, 0)"
+        key = f"sum|{row}"
+        return self._quantity(key, label=label, kind="sum", row_sql=row, lo_units=lo_u, hi_units=hi_u,
+                              grid=g, centre=centre, value_interval=(lo, hi))
+
+    def _plan_aggregate(self, call: AggCall) -> AggregatePlan:
+        e = self.entry
+        cond_sql = sql_of(call.cond) if call.cond is not None else None
+        label = call.text
+        if call.func == "count_distinct_unit":
+            qi = self._units_quantity(label)
+            return AggregatePlan(call, {"count": qi})
+        if call.func == "count":
+            preds = []
+            if cond_sql is not None:
+                preds.append(f"({cond_sql})")
+            if call.arg is not None and expr_nullable(call.arg, e):
+                preds.append(f"isNotNull({sql_of(call.arg)})")
+            pred = " AND ".join(preds) if preds else None
+            return AggregatePlan(call, {"count": self._count_quantity(pred, label)})
+        assert call.arg is not None
+        iv, s, nullable = bound_expression(call.arg, e, call.text)
+        # a bare column is already clipped to exactly its interval; anything else is clipped again
+        # to the computed interval (so the per-row bound holds even if the arithmetic were loose)
+        bare = isinstance(call.arg, exp.Column) or (isinstance(call.arg, exp.Paren) and isinstance(call.arg.this, exp.Column))
+        value = s if bare else clip_float_sql(s, *iv)
+        if call.func == "sum":
+            is_null = nullable or expr_nullable(call.arg, e)
+            qi = self._sum_quantity(value, iv, 0.0, cond_sql, label, is_null)
+            return AggregatePlan(call, {"sum": qi}, value_interval=iv)
+        preds = []
+        if cond_sql is not None:
+            preds.append(f"({cond_sql})")
+        if nullable or expr_nullable(call.arg, e):
+            preds.append(f"isNotNull({value})")
+        pred = " AND ".join(preds) if preds else None
+        centre = (iv[0] + iv[1]) / 2.0
+        hw = (iv[1] - iv[0]) / 2.0
+        is_null = nullable or expr_nullable(call.arg, e)
+        roles = {"sum": self._sum_quantity(value, iv, centre, cond_sql, f"{label}.sum", is_null),
+                 "count": self._count_quantity(pred, f"{label}.count")}
+        if call.func in ("var_samp", "var_pop", "stddev_samp", "stddev_pop"):
+            sq = f"pow({value} - {float_literal(centre)}, 2)"
+            sq_iv = (0.0, hw * hw)
+            roles["sumsq"] = self._sum_quantity(sq, sq_iv, hw * hw / 2.0, cond_sql, f"{label}.sum_sq", is_null)
+        return AggregatePlan(call, roles, value_interval=iv, centre=centre, halfwidth=hw)
+
+    # -- main -------------------------------------------------------------------------------
+    def plan(self) -> Plan:
+        bound = self.bound
+        agg_plans = [self._plan_aggregate(c) for c in bound.aggregates]
+
+        key_domains: list[KeyDomain | None] = [key_domain(k, self.entry, self.options.keys, self.key_types)
+                                               for k in bound.keys]
+        selection_needed = False
+        if not bound.grouped:
+            key_mode = "none"
+        elif all(d is not None for d in key_domains):
+            total = 1
+            for d in key_domains:
+                total *= max(d.size, 1)  # type: ignore[union-attr]
+            if total > MAX_PUBLIC_GROUPS:
+                if self.delta > 0:
+                    key_mode = "threshold"
+                    selection_needed = True
+                else:
+                    raise QueryRejected(f"the public key domains give {total} groups (more than {MAX_PUBLIC_GROUPS}); "
+                                  "narrow them or pass delta > 0 for private partition selection")
+            else:
+                key_mode = "public"
+        else:
+            missing = [k.sql for k, d in zip(bound.keys, key_domains) if d is None]
+            if self.delta <= 0:
+                raise QueryRejected(
+                    f"GROUP BY {', '.join(missing)}: no public key set applies (no public_keys in the catalog, no "
+                    "keys= option, not a bounded integer column) and delta = 0, so the groups cannot be released "
+                    "privately. Declare public keys (db.catalog.register(..., public_keys={...}) or keys={...}) "
+                    "or pass delta > 0 for private partition selection")
+            key_mode = "threshold"
+            selection_needed = True
+
+        selection_q = None
+        if selection_needed:
+            selection_q = self._units_quantity("partition selection (distinct units per group)")
+            self.quantities[selection_q].is_selection = True
+
+        for ap in agg_plans:
+            for qi in ap.roles.values():
+                self.quantities[qi].aggregates.append(ap.call.index)
+
+        self._sensitivities()
+        self._split_budget(agg_plans)
+        selection = None
+        if selection_q is not None:
+            q = self.quantities[selection_q]
+            selection = Selection(quantity=selection_q,
+                                  threshold=selection_threshold(q.scale, q.delta, self.bounding.k),
+                                  epsilon=q.epsilon, delta=q.delta, scale=q.scale, new_groups=self.bounding.k)
+        cost = PrivacyCost(mechanisms=tuple(self._cost(q) for q in self.quantities))
+        return Plan(bound=bound, entry=self.entry, epsilon=self.epsilon, delta=self.delta, options=self.options,
+                    bounding=self.bounding, quantities=self.quantities, aggregates=agg_plans, key_mode=key_mode,
+                    key_domains=key_domains, selection=selection, cost=cost, key_types=self.key_types)
+
+    def _sensitivities(self) -> None:
+        grouped = self.bound.grouped
+        b = self.bounding
+        for q in self.quantities:
+            if q.kind == "units":
+                q.l1, q.l2 = unit_sensitivity(b, grouped)
+            else:
+                q.l1, q.l2 = row_sensitivity(q.lo_units, q.hi_units, b, grouped)
+            if q.l1 <= 0:  # a constant quantity (e.g. SUM(0)): noise it at unit sensitivity anyway
+                q.l1 = q.l2 = 1.0
+            q.multi_coordinate = grouped and (b.k > 1 or b.neighbour == "substitute")
+
+    def _weights(self, agg_plans: list[AggregatePlan]) -> None:
+        weights = dict(self.options.weights or {})
+        known = {SELECTION_WEIGHT_KEY}
+        by_output: dict[str, list[int]] = {}
+        for out in self.bound.outputs:
+            refs = [int(n.name[len("__dp_a"):]) for n in out.template.walk()
+                    if isinstance(n, exp.Column) and n.name.startswith("__dp_a")]
+            qis = sorted({qi for r in refs for qi in agg_plans[r].roles.values()})
+            by_output[out.name] = qis
+        for q in self.quantities:
+            known.add(q.label)
+        known.update(by_output)
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise InvalidParameter(f"weights: unknown label(s) {', '.join(map(repr, unknown))}; use output column "
+                                   f"names, quantity labels ({', '.join(repr(q.label) for q in self.quantities if not q.is_selection)}) "
+                                   f"or {SELECTION_WEIGHT_KEY!r}")
+        for q in self.quantities:
+            q.weight = 1.0
+        for name, qis in by_output.items():
+            if name in weights:
+                for qi in qis:
+                    self.quantities[qi].weight = float(weights[name])
+        for q in self.quantities:
+            if q.is_selection and SELECTION_WEIGHT_KEY in weights:
+                q.weight = float(weights[SELECTION_WEIGHT_KEY])
+            elif q.label in weights:
+                q.weight = float(weights[q.label])
+
+    def _split_budget(self, agg_plans: list[AggregatePlan]) -> None:
+        self._weights(agg_plans)
+        total_w = sum(q.weight for q in self.quantities)
+        for q in self.quantities:
+            q.epsilon = self.epsilon * q.weight / total_w
+        mech = self.options.mechanism
+        if mech == "gaussian" and self.delta <= 0:
+            raise InvalidParameter("mechanism='gaussian' needs delta > 0")
+        if mech == "laplace" or self.delta <= 0:
+            choice = {q.index: "laplace" for q in self.quantities}
+        elif mech == "gaussian":
+            choice = {q.index: ("laplace" if q.is_selection else "gaussian") for q in self.quantities}
+        else:
+            n_cons = len(self.quantities)
+            tentative = self.delta / n_cons
+            choice = {}
+            for q in self.quantities:
+                if q.is_selection:
+                    choice[q.index] = "laplace"
+                    continue
+                b = cal.laplace_scale(q.l1, q.epsilon)
+                # a fast estimate decides (accuracy only; the σ actually used is calibrated below)
+                if q.multi_coordinate:
+                    sigma = vector_gaussian_sigma(q.l2, q.epsilon, tentative, self._coords())
+                else:
+                    sigma = cal.analytic_gaussian_sigma(q.l2, q.epsilon, tentative)
+                choice[q.index] = "gaussian" if sigma < math.sqrt(2.0) * b else "laplace"
+        consumers = [q for q in self.quantities if choice[q.index] == "gaussian" or q.is_selection]
+        for q in self.quantities:
+            q.mechanism = choice[q.index]
+            q.delta = 0.0
+        if consumers and self.delta > 0:
+            for q in consumers:
+                q.delta = self.delta / len(consumers)
+        for q in self.quantities:
+            if q.mechanism == "laplace":
+                q.scale = cal.laplace_scale(q.l1, q.epsilon)
+            else:
+                q.scale = self._gaussian_scale(q, q.epsilon, q.delta)
+
+    def _coords(self) -> int:
+        """How many released values one unit can move (per quantity)."""
+        b = self.bounding
+        return b.k * (2 if b.neighbour == "substitute" else 1)
+
+    def _gaussian_scale(self, q: Quantity, eps: float, delta: float) -> float:
+        if q.multi_coordinate:
+            return vector_gaussian_sigma(q.l2, eps, delta, self._coords())
+        # one released value moves, by an integer number of units (dpch.plan's docstring, point 5)
+        d = float(round(q.l2))
+        assert abs(d - q.l2) < 1e-9 * max(1.0, d), "single-coordinate L2 sensitivity must be an integer"
+        return cal.gaussian_sigma(d, eps, delta, integer=True)
+
+    def _cost(self, q: Quantity) -> MechanismCost:
+        label = q.label
+        if q.is_selection:
+            return MechanismCost(kind="threshold", sensitivity=q.l1, scale=q.scale, epsilon=q.epsilon,
+                                 delta=q.delta, rho=None, label=label)
+        if q.mechanism == "laplace":
+            return LaplaceMechanism(q.scale, True).cost(q.l1, q.epsilon, label=label)
+        if q.multi_coordinate:
+            r = cal.granularity(q.scale, cal.GAUSSIAN_GRID_BITS, True)
+            d = q.l2 if r == 1.0 else q.l2 + r * math.sqrt(self._coords())
+            return MechanismCost(kind="gaussian", sensitivity=d, scale=q.scale, epsilon=q.epsilon,
+                                 delta=q.delta, rho=cal.zcdp_rho(d, q.scale), label=label)
+        return GaussianMechanism(q.scale, True).cost(q.l2, q.delta, q.epsilon, label=label)
+
+
+def make_plan(bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions | None = None,
+              key_types: Sequence[str] | None = None) -> Plan:
+    """Plan ``bound`` under (ε, δ). ``key_types``: the engine's type of each GROUP BY key (public
+    key values are cast to it and de-duplicated in it). Raises QueryRejected / InvalidParameter;
+    charges nothing."""
+    eps, dlt = check_budget_args(epsilon, delta)
+    return _Planner(bound, eps, dlt, options or QueryOptions(), key_types).plan()
