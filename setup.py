@@ -57,7 +57,8 @@ setup(
         # gets exactly this extra's requirements and not the controller's (chDB, pandas, scikit-learn,
         # matplotlib, ...). Keep this list in step with the Dockerfile.
         "udf": [],
-        "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27",
+                 "tpchgen-cli>=4.0"],  # tests/test_tpch.py generates SF 0.01
         "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
         # bench/bench_tpch.py: the TPC-H data generator (writes Parquet; no other dependency)
         "tpch": ["tpchgen-cli>=4.0"],

@@ -70,6 +70,7 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **opti
     parsed = parse(sql, tree)
     t1 = time.perf_counter()
     parsed, entry = _relation(conn, parsed)
+    entry = _with_contribution(entry, opts)
     bound = bind(parsed, entry)
     bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
     key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
@@ -82,6 +83,17 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **opti
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
     return Prepared(parsed, bound, plan, rewritten, timings)
+
+
+def _with_contribution(entry, opts: QueryOptions):
+    """The relation with the query's own contribution bounds (k, M, C), if it gives any."""
+    given = opts.contribution()
+    if not given:
+        return entry
+    if entry.privacy_unit is None:
+        raise InvalidParameter(f"{', '.join(given)}: {entry.table} is row level (every row is a unit, k = M = C = 1); "
+                               "contribution bounds apply to tables with a privacy unit")
+    return replace(entry, **given)
 
 
 def _relation(conn, parsed: ParsedQuery) -> tuple[ParsedQuery, Any]:

@@ -101,3 +101,12 @@ def test_noisy_values_are_computed_once(kdb):
         assert (df["n"] > 500).all()
         assert (df["n"] == df["__dp_n0_out"].clip(lower=0)).all()
         assert list(df["n"]) == sorted(df["n"])
+
+
+def test_selection_threshold_at_a_very_large_epsilon():
+    """ε = 10⁴ makes q = e^(-1/τ) underflow to 0; the threshold is then 2 (one unit's count 1 plus
+    noise that is 0 with probability 1 - 2q/(1+q)), not a math domain error."""
+    from dpch.plan import selection_threshold
+
+    assert selection_threshold(1e-4, 1e-6, 1) == 2
+    assert selection_release_probability(1e-4, 2) == 0.0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpch.controller import prepare
-from dpch.errors import CatalogError, QueryRejected
+from dpch.errors import CatalogError, InvalidParameter, QueryRejected
 from dpch.rewrite import rewrite_for_sensitivity_check
 
 UNIT = 42
@@ -354,3 +354,23 @@ def test_count_distinct_of_a_column_that_holds_the_unit(jdb):
     with pytest.raises(QueryRejected, match=r"only supported on the privacy unit column \(tj.customer.c_custkey\)"):
         jdb.query("SELECT COUNT(DISTINCT o_custkey) FROM tj.customer c LEFT JOIN tj.orders o "
                   "ON c.c_custkey = o.o_custkey", epsilon=1.0)
+
+
+def test_contribution_bounds_given_with_the_query(jdb):
+    """k, M, C given with one query replace the catalog's for that query only; the rewrite enforces
+    them (the heavy unit's un-noised contribution moves by at most the new sensitivity, and by
+    more than half of it), and bad values are refused before anything runs."""
+    sql = ("SELECT o_status, COUNT(*) AS n, SUM(l_price) AS s FROM tj.lineitem l JOIN tj.orders o "
+           "ON l.l_orderkey = o.o_orderkey GROUP BY o_status")
+    plan = prepare(jdb, sql, epsilon=1.0, max_groups_contributed=1, max_rows_per_unit=3).plan
+    assert (plan.bounding.k, plan.bounding.max_rows) == (1, 3)
+    assert prepare(jdb, sql, epsilon=1.0).plan.bounding.max_rows == 20  # the catalog's, unchanged
+    count = next(q for q in plan.quantities if q.kind == "rows")
+    assert count.l1 == 3
+    rw = rewrite_for_sensitivity_check(plan)
+    per_db = [jdb.raw_query(rw.sql.replace("`tj`.", f"`{name}`.")) for name in DBS]
+    totals = [int(df[rw.internal_columns[count.index]].sum()) for df in per_db]
+    assert 1.5 < totals[0] - totals[1] <= 3  # unit 42 (1 200 joined rows) adds at most M = 3 rows
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(InvalidParameter, match="max_rows_per_unit must be an integer"):
+            jdb.query(sql, epsilon=1.0, max_rows_per_unit=bad)

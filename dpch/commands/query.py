@@ -55,6 +55,12 @@ def _query_args(sp) -> None:
                     help="budget weight for an output column/quantity label/partition_selection (repeatable)")
     sp.add_argument("--keys", action="append", default=[], metavar="KEY=V1,V2,...",
                     help="public key values for a GROUP BY key for this query (repeatable)")
+    sp.add_argument("--max-groups", type=int, default=None, metavar="K",
+                    help="groups per unit for this query (replaces the catalog's max_groups_contributed)")
+    sp.add_argument("--max-rows", type=int, default=None, metavar="M",
+                    help="rows per unit for this query (replaces the catalog's max_rows_per_unit)")
+    sp.add_argument("--max-rows-per-group", type=int, default=None, metavar="C",
+                    help="rows per unit and group for this query (replaces the catalog's max_rows_per_group)")
     _common(sp)
 
 
@@ -70,6 +76,10 @@ def _options(args) -> dict:
         opts["weights"] = weights
     if args.keys:
         opts["keys"] = {k: v for k, v in (_parse_keys(item) for item in args.keys)}
+    for flag, name in (("max_groups", "max_groups_contributed"), ("max_rows", "max_rows_per_unit"),
+                       ("max_rows_per_group", "max_rows_per_group")):
+        if getattr(args, flag) is not None:
+            opts[name] = getattr(args, flag)
     return opts
 
 
