@@ -28,7 +28,7 @@ from dpch import calibration as cal
 from dpch.cost import MechanismCost
 from dpch.errors import InvalidParameter
 
-__all__ = ["PrivacyLoss", "LaplaceMechanism", "GaussianMechanism"]
+__all__ = ["PrivacyLoss", "LaplaceMechanism", "GaussianMechanism", "ExponentialMechanism"]
 
 
 @dataclass(frozen=True)
@@ -374,3 +374,82 @@ class GaussianMechanism:
     def sql(self, value_sql: str) -> str:
         """``dpch_gaussian(<value_sql>, <σ>)`` with σ written by repr() (no precision lost)."""
         return f"{self.udf_name}({_check_value_sql(value_sql)}, {_float_literal(self.sigma)})"
+
+
+@dataclass(frozen=True)
+class ExponentialMechanism:
+    """Choose one of several candidates with integer scores: the exponential mechanism sampled by
+    permute-and-flip (McKenna & Sheldon 2020, Alg. 1) in the kernel, ``dpch._noise.permute_and_flip``.
+    Candidates are visited in a uniformly random order and candidate r is accepted with probability
+    ``exp(-(u* - u_r)/T)``, u* the best score, at the temperature ``T = t/s`` (an exact rational,
+    s a power of two), decided by CKS20's exact Bernoulli(exp(-γ)) sampler: no floating-point
+    ``log(uniform)`` anywhere.
+
+    Privacy: scores of sensitivity Δ (each moves by at most Δ between neighbours) give an
+    ε-DP choice for T >= 2Δ/ε (McKenna & Sheldon, Thm. 1); ``calibrated`` rounds T up, so the
+    realised ε is at most the requested one. Its expected score is never below the exponential
+    mechanism's at the same ε (their Thm. 2)."""
+
+    t: int
+    s: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.t, int) and isinstance(self.s, int) and 1 <= self.t < 2 ** 127
+                and 1 <= self.s < 2 ** 64):
+            raise InvalidParameter("temperature t/s needs integers 1 <= t < 2^127, 1 <= s < 2^64")
+
+    @classmethod
+    def calibrated(cls, sensitivity: float, epsilon: float) -> "ExponentialMechanism":
+        """The least temperature t/2^p >= 2Δ/ε with t < 2^63 (p <= 63): ε-DP for scores of
+        sensitivity Δ."""
+        eps = cal.check_epsilon(epsilon)
+        sens = cal.check_sensitivity(sensitivity)
+        temp = 2 * Fraction(sens) / Fraction(eps)
+        p = max(0, min(63, 62 - math.ceil(math.log2(temp))))
+        t = -((-temp.numerator * 2 ** p) // temp.denominator)  # ceil(temp * 2^p)
+        if t >= 2 ** 127:
+            raise InvalidParameter("the exponential mechanism's temperature 2Δ/ε is too large")
+        return cls(t, 2 ** p)
+
+    @property
+    def temperature(self) -> Fraction:
+        return Fraction(self.t, self.s)
+
+    def privacy_function(self, sensitivity: float) -> PrivacyLoss:
+        """ε = 2Δ/T (rounded up to a float)."""
+        return PrivacyLoss(epsilon=_up(2 * Fraction(cal.check_sensitivity(sensitivity)) / self.temperature),
+                           delta=0.0)
+
+    def privacy_relation(self, sensitivity: float, epsilon: float) -> bool:
+        return self.privacy_function(sensitivity).epsilon <= epsilon
+
+    def probabilities(self, scores) -> list[float]:
+        """The exact output distribution (for checks; exponential in the number of candidates,
+        so at most 16): P(r) = p_r · Σ_{A ⊆ others} |A|!(n-1-|A|)!/n! · Π_{j∈A}(1 - p_j),
+        p_j = exp(-(u* - u_j)/T), A the candidates visited before r."""
+        u = [int(x) for x in scores]
+        n = len(u)
+        if not 1 <= n <= 16:
+            raise InvalidParameter("probabilities: between 1 and 16 candidates")
+        best = max(u)
+        p = [math.exp(-float((best - x) / self.temperature)) for x in u]
+        weight = [math.factorial(k) * math.factorial(n - 1 - k) / math.factorial(n) for k in range(n)]
+        out = []
+        for r in range(n):
+            others = [j for j in range(n) if j != r]
+            # Σ over subsets by the polynomial Π_j (1 + (1 - p_j) x): coefficient k = subsets of size k
+            coef = [1.0]
+            for j in others:
+                nxt = [0.0] * (len(coef) + 1)
+                for k, c in enumerate(coef):
+                    nxt[k] += c
+                    nxt[k + 1] += c * (1.0 - p[j])
+                coef = nxt
+            out.append(p[r] * sum(w * c for w, c in zip(weight, coef)))
+        return out
+
+    def sample(self, scores, n: int = 1):
+        """``n`` independent choices (indices into ``scores``)."""
+        from dpch import _noise
+
+        return _noise.permute_and_flip(scores, self.t, self.s, n)

@@ -244,6 +244,39 @@ static inline int dpch_bern_exp_words(uint64_t nhi, uint64_t nlo, uint64_t dhi, 
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Exponential mechanism by permute-and-flip (McKenna & Sheldon 2020, Alg. 1)                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The candidate chosen by permute-and-flip over integer scores u[0..n), n >= 1, at temperature
+ * t/s (t in [1, 2^127), s in [1, 2^64)): candidates are visited in a uniformly random order
+ * (Fisher-Yates, drawn lazily with dpch_uniform into the scratch array perm[n]) and candidate r is
+ * accepted with probability exp(-(u* - u_r) s / t), u* = max u, decided exactly by
+ * dpch_bern_exp128. A maximiser is accepted with probability 1, so at most n candidates are
+ * visited. With t/s >= 2*D/eps for scores of sensitivity D it is eps-DP (McKenna & Sheldon,
+ * Thm. 1). Gaps are taken modulo nothing: u* - u_r < 2^64 and (u* - u_r) s < 2^128. */
+static inline int64_t dpch_permute_flip(const int64_t *u, int64_t n, dpch_u128 t, uint64_t s, int64_t *perm) {
+    int64_t best = u[0];
+    for (int64_t i = 1; i < n; i++)
+        if (u[i] > best) best = u[i];
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = i + (int64_t)dpch_uniform((uint64_t)(n - i));
+        int64_t r = perm[j];
+        perm[j] = perm[i];
+        perm[i] = r;
+        uint64_t gap = (uint64_t)((dpch_i128)best - (dpch_i128)u[r]);
+        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) return r;
+    }
+    return perm[n - 1]; /* not reached: the maximiser is accepted */
+}
+
+/* The same with the temperature numerator t given as (hi, lo) 64-bit words (for Cython). */
+static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi, uint64_t tlo, uint64_t s,
+                                              int64_t *perm) {
+    return dpch_permute_flip(u, n, ((dpch_u128)thi << 64) | tlo, s, perm);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Discrete Laplace (CKS20 Alg. 2)                                                             */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -16,6 +16,8 @@ cdef extern from "dpch_kernel.h" nogil:
     int dpch_bern_exp_small64(uint64_t a, uint64_t b)
     int dpch_bern_exp_words(uint64_t nhi, uint64_t nlo, uint64_t dhi, uint64_t dlo)
     int64_t dpch_dlap(uint64_t t, unsigned shift, uint64_t s_div)
+    int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi,
+                                                               uint64_t tlo, uint64_t s, int64_t *perm)
 
     ctypedef struct dpch_dg:
         uint64_t S
