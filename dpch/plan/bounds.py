@@ -202,30 +202,36 @@ def _div(b: _Bounder, n: exp.Div) -> Bounded:
     return _arithmetic(b, n, "/", quotient)
 
 
-def _int_div(b: _Bounder, n: exp.Expression) -> Bounded:
+def _integer_division(b: _Bounder, n: exp.Expression, function: str, what: str,
+                      interval: Callable[[Interval, Interval], Interval]) -> Bounded:
+    """intDiv / modulo, written as their total forms ``function``: NULL when either side is always
+    NULL, rejected when the divisor's bounds include 0."""
     x, y = _operands(n)
     a, sa = b.visit(x)
     c, sc = b.visit(y)
     if a is None or c is None:
         return None, "NULL"
     if c[0] <= 0.0 <= c[1]:
-        raise b.reject("integer division by a value whose bounds include 0")
+        raise b.reject(f"{what} by a value whose bounds include 0")
+    return interval(a, c), f"{function}({sa}, {sc})"
+
+
+def _int_div_interval(a: Interval, c: Interval) -> Interval:
     lo, hi = _span(a, c, operator.truediv)
-    return (math.floor(lo), math.ceil(hi)), f"intDivOrZero({sa}, {sc})"
+    return (math.floor(lo), math.ceil(hi))
+
+
+def _modulo_interval(a: Interval, c: Interval) -> Interval:
+    m = max(abs(c[0]), abs(c[1]))
+    return (0.0 if a[0] >= 0 else max(a[0], -m), 0.0 if a[1] <= 0 else min(a[1], m))
+
+
+def _int_div(b: _Bounder, n: exp.Expression) -> Bounded:
+    return _integer_division(b, n, "intDivOrZero", "integer division", _int_div_interval)
 
 
 def _modulo(b: _Bounder, n: exp.Expression) -> Bounded:
-    x, y = _operands(n)
-    a, sa = b.visit(x)
-    c, sc = b.visit(y)
-    if a is None or c is None:
-        return None, "NULL"
-    if c[0] <= 0.0 <= c[1]:
-        raise b.reject("modulo by a value whose bounds include 0")
-    m = max(abs(c[0]), abs(c[1]))
-    lo = 0.0 if a[0] >= 0 else max(a[0], -m)
-    hi = 0.0 if a[1] <= 0 else min(a[1], m)
-    return (lo, hi), f"moduloOrZero({sa}, {sc})"
+    return _integer_division(b, n, "moduloOrZero", "modulo", _modulo_interval)
 
 
 def _abs(b: _Bounder, n: exp.Abs) -> Bounded:
