@@ -266,9 +266,20 @@ def _pow(b: _Bounder, n: exp.Expression) -> Bounded:
     if not isinstance(y, exp.Literal) or y.is_string:
         raise b.reject("pow() needs a constant exponent")
     p = float(y.this)
+    if not math.isfinite(p):
+        raise b.reject("pow() needs a finite constant exponent")
     a, sa = b.visit(x)
     if a is None:
         return None, "NULL"
+    # floats, never Python ints (floor/round/intDiv give int bounds): int ** 1e300 would run forever
+    a = (float(a[0]), float(a[1]))
+    try:
+        return _finite(_pow_interval(b, a, p), b.agg_text), f"pow({sa}, {float_literal(p)})"
+    except OverflowError:
+        raise b.reject("pow(): the bounds overflow; narrow the column bounds or the exponent") from None
+
+
+def _pow_interval(b: _Bounder, a: Interval, p: float) -> Interval:
     if p == int(p) and p >= 0:
         pi = int(p)
         if pi % 2 == 0:
@@ -285,7 +296,7 @@ def _pow(b: _Bounder, n: exp.Expression) -> Bounded:
             raise b.reject("pow with a negative exponent of a value whose bounds include 0")
     else:
         raise b.reject("pow with a non-integer exponent needs a non-negative base")
-    return _finite(iv, b.agg_text), f"pow({sa}, {float_literal(p)})"
+    return iv
 
 
 def _sqrt(b: _Bounder, n: exp.Expression) -> Bounded:
