@@ -10,8 +10,8 @@ from sqlglot import exp
 from ..catalog import quote_ident
 from ..units import UnitPath
 from .model import UNIT_COLUMN, DerivedEntry, _finish, _Instance
-from .semijoins import _HAVING_AGGS, _having, _no_argument
-from .syntax import Source, _reject, split_from
+from .semijoins import _HAVING_AGGS, _aggregate_argument, _having, _no_argument, _put_total_arguments
+from .syntax import Source, _reject, split_from, unsupported_clause
 
 
 class _PerUnitSubqueries:
@@ -26,10 +26,9 @@ class _PerUnitSubqueries:
         then bounds those rows per unit as usual (docs/CONTROLLER.md, "Joins")."""
         sub = src.subquery
         assert sub is not None
-        for key, value in sub.args.items():
-            if value not in (None, False, []) and key not in ("expressions", "from_", "where", "group", "having",
-                                                              "joins"):
-                raise _reject(f"the aggregate subquery {src.alias}: {key.upper()} is not supported there")
+        key = unsupported_clause(sub, ("expressions", "from_", "where", "group", "having", "joins"))
+        if key is not None:
+            raise _reject(f"the aggregate subquery {src.alias}: {key.upper()} is not supported there")
         spec, flat = split_from(sub)
         inner = type(self)(spec, self.catalog, self.backend)  # a _Resolver
         flat, rel = inner.resolve(flat)
@@ -62,10 +61,7 @@ class _PerUnitSubqueries:
                 if isinstance(node.this, exp.Distinct):
                     raise _reject(f"the aggregate subquery {src.alias}: COUNT(DISTINCT ...) is not supported there")
                 if not _no_argument(node):
-                    arg = node.this
-                    if isinstance(node, (exp.Sum, exp.Avg)):
-                        arg = exp.Anonymous(this="toFloat64", expressions=[arg.copy()])
-                    roots.append((f"{src.alias}.{name}", arg))
+                    roots.append((f"{src.alias}.{name}", _aggregate_argument(node)))
             else:
                 raise _reject(f"the aggregate subquery {src.alias}: each column must be a GROUP BY column or "
                               f"COUNT/SUM/AVG/MIN/MAX of a row expression (got {node.sql()[:60]})")
@@ -80,13 +76,10 @@ class _PerUnitSubqueries:
         cols = []
         for name, node in selects:
             node = node.copy()
-            if isinstance(node, _HAVING_AGGS) and not _no_argument(node):
-                node.set("this", next(total))
+            _put_total_arguments(node, total)
             cols.append(f"{node.sql('clickhouse')} AS {quote_ident(name)}")
         if having is not None:
-            for agg in having.find_all(exp.AggFunc):
-                if not _no_argument(agg):
-                    agg.set("this", next(total))
+            _put_total_arguments(having, total)
         group_sql = ", ".join([quote_ident(k.name) for k in keys] + [UNIT_COLUMN])
         sql = (f"SELECT {', '.join(cols)}, {UNIT_COLUMN}\nFROM {rel.table_sql}{where_sql}\nGROUP BY {group_sql}"
                + (f"\nHAVING {having.sql('clickhouse')}" if having is not None else ""))

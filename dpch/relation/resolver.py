@@ -15,7 +15,7 @@ from ..units import unit_path
 from .model import UNIT_COLUMN, DerivedEntry, JoinedEntry, _finish, _Instance, _marked, _marker
 from .per_unit import _PerUnitSubqueries
 from .semijoins import _SemiJoins
-from .syntax import FromSpec, Source, _conjuncts, _reject
+from .syntax import FromSpec, Source, _conjuncts, _reject, unsupported_clause
 
 PUBLIC_KEY_LIMIT = min(MAX_PUBLIC_KEYS, 10_000)
 
@@ -53,10 +53,10 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
         if sub.args.get("group") is not None or any(isinstance(n, exp.AggFunc) for e in sub.expressions
                                                     for n in e.walk()):
             return self._per_unit_instance(src)
-        for key, value in sub.args.items():
-            if value not in (None, False, []) and key not in ("expressions", "from_", "where"):
-                raise _reject(f"the subquery {src.alias} must be row-level (columns and WHERE over one table); "
-                              f"{key.upper()} is not supported there")
+        key = unsupported_clause(sub, ("expressions", "from_", "where"))
+        if key is not None:
+            raise _reject(f"the subquery {src.alias} must be row-level (columns and WHERE over one table); "
+                          f"{key.upper()} is not supported there")
         inner_from = sub.args.get("from_")
         t = inner_from.this if inner_from is not None else None
         if not isinstance(t, exp.Table) or not isinstance(t.this, exp.Identifier):

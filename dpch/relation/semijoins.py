@@ -13,7 +13,7 @@ from ..catalog import TableEntry, quote_ident
 from ..errors import CatalogError
 from ..units import unit_path
 from .model import _Instance
-from .syntax import SemiJoin, _conjuncts, _reject
+from .syntax import SemiJoin, _conjuncts, _reject, unsupported_clause
 
 
 class _SemiJoins:
@@ -48,9 +48,9 @@ class _SemiJoins:
     def _decorrelate(self, sub: exp.Select, inside: Mapping[str, TableEntry]) -> tuple[exp.Column, exp.Select]:
         """``EXISTS (SELECT … FROM t WHERE t.k = outer.c AND rest)`` → ``outer.c IN (SELECT t.k FROM
         t WHERE rest)``: the same rows, as a semi-join the rules below can check."""
-        for key, value in sub.args.items():
-            if value not in (None, False, []) and key not in ("expressions", "from_", "where"):
-                raise _reject(f"EXISTS (SELECT ...) may have only FROM and WHERE ({key.upper()} is not supported)")
+        key = unsupported_clause(sub, ("expressions", "from_", "where"))
+        if key is not None:
+            raise _reject(f"EXISTS (SELECT ...) may have only FROM and WHERE ({key.upper()} is not supported)")
         where = sub.args.get("where")
         links, rest = [], []
         for c in _conjuncts(where.this if where is not None else None):
@@ -95,10 +95,10 @@ class _SemiJoins:
         either direction) or equates two unit columns. Then every row of t that can match an outer
         row belongs to that row's unit, and a group of t by r is rows of one unit, so the filter
         of a row depends only on its own unit's rows (docs/CONTROLLER.md, "Joins")."""
-        for key, value in sub.args.items():
-            if value not in (None, False, []) and key not in ("expressions", "from_", "where", "group", "having"):
-                raise _reject(f"a subquery over a protected table in IN (SELECT ...) may have only FROM, WHERE, GROUP "
-                              f"BY and HAVING ({key.upper()} is not supported)")
+        key = unsupported_clause(sub, ("expressions", "from_", "where", "group", "having"))
+        if key is not None:
+            raise _reject(f"a subquery over a protected table in IN (SELECT ...) may have only FROM, WHERE, GROUP "
+                          f"BY and HAVING ({key.upper()} is not supported)")
         tables = list(sub.find_all(exp.Table))
         if len(tables) != 1:
             raise _reject("a subquery over a protected table in IN (SELECT ...) or EXISTS must read one table (no joins)")
@@ -150,10 +150,7 @@ class _SemiJoins:
         if group is not None:
             sql += f" GROUP BY {quote_ident(inner)}"
         if having is not None:
-            args = iter(total[len(roots):])
-            for agg in having.find_all(exp.AggFunc):
-                if not _no_argument(agg):
-                    agg.set("this", next(args))
+            _put_total_arguments(having, iter(total[len(roots):]))
             sql += f" HAVING {having.sql('clickhouse')}"
         self._derived(inst.alias, col)
         op = "NOT IN" if negated else "IN"
@@ -180,11 +177,8 @@ def _having(having: exp.Having | None, own):
             arg = node.this
             if isinstance(node, exp.Count) and isinstance(arg, exp.Distinct):
                 raise _reject("HAVING COUNT(DISTINCT ...) is not supported in a subquery over a protected table")
-            if _no_argument(node):
-                continue
-            if isinstance(node, (exp.Sum, exp.Avg)):
-                arg = exp.Anonymous(this="toFloat64", expressions=[arg.copy()])
-            args.append(("HAVING", arg))
+            if not _no_argument(node):
+                args.append(("HAVING", _aggregate_argument(node)))
         elif isinstance(node, exp.Column):
             if not any(isinstance(p, _HAVING_AGGS) for p in _ancestors(node)):
                 raise _reject("HAVING in a subquery over a protected table may read columns only inside "
@@ -196,6 +190,22 @@ def _having(having: exp.Having | None, own):
         elif isinstance(node, exp.Literal) and node.is_string:
             raise _reject("HAVING in a subquery over a protected table compares numbers only")
     return cond, args
+
+
+def _aggregate_argument(agg: exp.Expression) -> exp.Expression:
+    """The row expression of an aggregate, as it must be made total: SUM/AVG run in Float64 (a
+    Decimal sum can overflow, which throws)."""
+    if isinstance(agg, (exp.Sum, exp.Avg)):
+        return exp.Anonymous(this="toFloat64", expressions=[agg.this.copy()])
+    return agg.this
+
+
+def _put_total_arguments(node: exp.Expression, total) -> None:
+    """Give every aggregate in ``node`` (those with an argument, in walk order) the next total
+    form from the iterator ``total``: the order in which _aggregate_argument's roots were made."""
+    for agg in list(node.find_all(exp.AggFunc)):
+        if not _no_argument(agg):
+            agg.set("this", next(total))
 
 
 def _no_argument(agg: exp.Expression) -> bool:

@@ -45,6 +45,12 @@ class FromSpec:
     semijoins: tuple[SemiJoin, ...] = ()
 
 
+def unsupported_clause(node: exp.Expression, allowed: tuple[str, ...]) -> str | None:
+    """The first clause (sqlglot arg name) that ``node`` sets outside ``allowed``, or None."""
+    return next((key for key, value in node.args.items()
+                 if value not in (None, False, []) and key not in allowed), None)
+
+
 def needs_relation(tree: exp.Select) -> bool:
     from_ = tree.args.get("from_")
     src = from_.this if from_ is not None else None
@@ -111,9 +117,9 @@ def split_from(tree: exp.Select) -> tuple[FromSpec, exp.Select]:
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
             if node.args.get("alias") is not None and node.args["alias"].args.get("columns"):
                 raise _reject("column aliases on a table are not supported")
-            for key, value in node.args.items():
-                if value not in (None, False, []) and key not in ("this", "db", "alias"):
-                    raise _reject(f"this table modifier ({key}) is not supported in a join")
+            key = unsupported_clause(node, ("this", "db", "alias"))
+            if key is not None:
+                raise _reject(f"this table modifier ({key}) is not supported in a join")
             if not node.db and node.name.lower() in ctes:
                 return Source(node.alias or node.name, None, ctes[node.name.lower()], side, on, using)
             return Source(node.alias or node.name, node, None, side, on, using)
