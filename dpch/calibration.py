@@ -74,6 +74,7 @@ What the σ functions therefore guarantee:
 """
 from __future__ import annotations
 
+import fractions
 import functools
 import math
 import numbers
@@ -166,6 +167,24 @@ def check_delta(delta: object, name: str = "delta") -> float:
 def check_sensitivity(sensitivity: object, name: str = "sensitivity") -> float:
     """A sensitivity must be a finite real > 0. Returns it as float."""
     return _positive_finite(sensitivity, name)
+
+
+def em_temperature(sensitivity: "int | fractions.Fraction", epsilon: float) -> tuple[int, int]:
+    """The temperature (t, s) = t/2^p of the exponential mechanism for scores of sensitivity Δ at
+    ε: the least t/2^p >= 2Δ/ε with t < 2^63 (p <= 63), an exact rational (McKenna & Sheldon
+    2020, Thm. 1: permute-and-flip at T >= 2Δ/ε is ε-DP). Rounding is upward, so the realised ε
+    2Δ/T never exceeds the requested one. Δ is an exact int or Fraction (the integer scores of
+    dpch.mechanisms.ExponentialMechanism and of the quantile kernel)."""
+    eps = check_epsilon(epsilon)
+    sens = fractions.Fraction(sensitivity)
+    if not sens > 0:
+        raise InvalidParameter("sensitivity must be a finite number > 0")
+    temp = 2 * sens / fractions.Fraction(eps)
+    p = max(0, min(63, 62 - math.ceil(math.log2(temp))))
+    t = -((-temp.numerator * 2 ** p) // temp.denominator)  # ceil(temp * 2^p)
+    if t >= 2 ** 127:
+        raise InvalidParameter("the exponential mechanism's temperature 2Δ/ε is too large")
+    return t, 2 ** p
 
 
 def check_bounds(lo: object, hi: object, name: str = "bounds") -> tuple[float, float]:

@@ -402,14 +402,8 @@ class ExponentialMechanism:
     def calibrated(cls, sensitivity: float, epsilon: float) -> "ExponentialMechanism":
         """The least temperature t/2^p >= 2Δ/ε with t < 2^63 (p <= 63): ε-DP for scores of
         sensitivity Δ."""
-        eps = cal.check_epsilon(epsilon)
-        sens = cal.check_sensitivity(sensitivity)
-        temp = 2 * Fraction(sens) / Fraction(eps)
-        p = max(0, min(63, 62 - math.ceil(math.log2(temp))))
-        t = -((-temp.numerator * 2 ** p) // temp.denominator)  # ceil(temp * 2^p)
-        if t >= 2 ** 127:
-            raise InvalidParameter("the exponential mechanism's temperature 2Δ/ε is too large")
-        return cls(t, 2 ** p)
+        t, s = cal.em_temperature(Fraction(cal.check_sensitivity(sensitivity)), epsilon)
+        return cls(t, s)
 
     @property
     def temperature(self) -> Fraction:
@@ -453,3 +447,105 @@ class ExponentialMechanism:
         from dpch import _noise
 
         return _noise.permute_and_flip(scores, self.t, self.s, n)
+
+
+#: The fixed grid of dp_quantile/dp_median and of the controller's quantiles: [lo, hi] is cut into
+#: this many equal buckets and the released value is the chosen bucket's midpoint (docs/NOISE.md,
+#: "Quantiles", says why 2^16).
+QUANTILE_BUCKETS = 1 << 16
+#: Quantile levels are rounded to multiples of 1/QUANTILE_SCALE so that scores are integers.
+QUANTILE_SCALE = 1 << 20
+
+
+@dataclass(frozen=True)
+class QuantileMechanism:
+    """Quantiles of a histogram over a fixed grid of buckets, chosen by permute-and-flip
+    (ExponentialMechanism) with the score of OpenDP's quantile candidates, scaled to integers:
+    for a bucket b, L = rows in buckets below b, G = rows above b, score -|(Q - a) L - a G| for the
+    level a/Q. Several levels are released jointly by the recursion of Kaplan, Schnapp & Stemmer
+    (2022, ApproximateQuantiles): the middle level over the whole grid, then the lower levels over
+    the buckets up to it with the rows below it and the upper levels likewise above, so a row
+    takes part in one sub-problem per depth. This is the reference for the kernel's
+    ``_quantile_buckets`` (udf/kernel.pxi), which the tests compare it with.
+
+    Privacy: ε-DP for histograms that differ by at most ``rows`` rows (one privacy unit's rows in
+    the group): one row moves L or G by one, so a score of level a/Q moves by at most
+    rows · max(a, Q - a); each of the depth = bit_length(#levels) depths is (ε/depth)-DP (parallel
+    composition over the disjoint sub-problems) and they compose sequentially."""
+
+    epsilon: float
+    rows: int = 1
+
+    def __post_init__(self) -> None:
+        cal.check_epsilon(self.epsilon)
+        if not (isinstance(self.rows, int) and 1 <= self.rows <= 2 ** 20):
+            raise InvalidParameter("rows per privacy unit must be an integer in [1, 2^20]")
+
+    @staticmethod
+    def level(alpha: float) -> int:
+        """The integer a of the level a/Q nearest to alpha."""
+        v = float(alpha)
+        if not 0.0 <= v <= 1.0:
+            raise InvalidParameter("quantile levels must be numbers in [0, 1]")
+        return int(round(v * QUANTILE_SCALE))
+
+    def privacy_function(self) -> PrivacyLoss:
+        return PrivacyLoss(epsilon=float(self.epsilon), delta=0.0)
+
+    def chooser(self, a: int, depth: int) -> ExponentialMechanism:
+        """The permute-and-flip of one sub-problem at relative level a/Q."""
+        t, s = cal.em_temperature(self.rows * max(a, QUANTILE_SCALE - a) * depth, self.epsilon)
+        return ExponentialMechanism(t, s)
+
+    @staticmethod
+    def scores(counts: list[int], a: int, c0: int, c1: int, d0: int, d1: int) -> list[int]:
+        """Scores of the candidate buckets c0..c1 with the rows of buckets d0..d1 (dense counts)."""
+        data = [counts[i] if d0 <= i <= d1 else 0 for i in range(len(counts))]
+        out = []
+        for b in range(c0, c1 + 1):
+            below, above = sum(data[:b]), sum(data[b + 1:])
+            out.append(-abs((QUANTILE_SCALE - a) * below - a * above))
+        return out
+
+    def probabilities(self, counts: list[int], alphas: list[float]) -> dict[tuple[int, ...], float]:
+        """The exact joint distribution of the chosen buckets (one per level, in the order given)
+        for dense ``counts`` over a grid of at most 16 buckets (for checks)."""
+        levels = [self.level(x) for x in alphas]
+        uniq = sorted(set(levels))
+        depth = len(uniq).bit_length()
+        buckets = len(counts)
+
+        def solve(c0, c1, d0, d1, lo, hi, end_lo, end_hi) -> dict[tuple, float]:
+            if lo >= hi:
+                return {(): 1.0}
+            j = (lo + hi) // 2
+            width = end_hi - end_lo
+            a = (2 * (uniq[j] - end_lo) * QUANTILE_SCALE + width) // (2 * width)
+            em = self.chooser(a, depth)
+            out: dict[tuple, float] = {}
+            for i, p in enumerate(em.probabilities(self.scores(counts, a, c0, c1, d0, d1))):
+                b = c0 + i
+                for left, pl in solve(c0, b, d0, b - 1, lo, j, end_lo, uniq[j]).items():
+                    for right, pr in solve(b, c1, b + 1, d1, j + 1, hi, uniq[j], end_hi).items():
+                        key = left + (b,) + right
+                        out[key] = out.get(key, 0.0) + p * pl * pr
+            return out
+
+        joint = solve(0, buckets - 1, 0, buckets - 1, 0, len(uniq), 0, QUANTILE_SCALE)
+        index = {a: i for i, a in enumerate(uniq)}
+        result: dict[tuple[int, ...], float] = {}
+        for key, p in joint.items():
+            mapped = tuple(key[index[a]] for a in levels)
+            result[mapped] = result.get(mapped, 0.0) + p
+        return result
+
+    def sample(self, keys, counts, buckets: int, alphas: list[float], n: int = 1) -> list[list[int]]:
+        """``n`` independent releases by the kernel (sparse histogram: ascending ``keys``)."""
+        from dpch import _noise
+
+        return _noise.quantile_buckets(keys, counts, buckets, alphas, self.epsilon, self.rows, n)
+
+    @staticmethod
+    def value(bucket: int, lo: float, hi: float, buckets: int = QUANTILE_BUCKETS) -> float:
+        """The released value of a bucket: its midpoint, inside [lo, hi] (post-processing)."""
+        return min(max(lo + (bucket + 0.5) * ((hi - lo) / buckets), lo), hi)

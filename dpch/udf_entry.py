@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: dpch-udf {laplace|laplace_int|gaussian|gaussian_int|gaussian_sigma}\n"
+USAGE = "usage: dpch-udf {laplace|laplace_int|gaussian|gaussian_int|gaussian_sigma|quantiles}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

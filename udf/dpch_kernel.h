@@ -277,6 +277,88 @@ static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint6
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Quantiles: permute-and-flip over the buckets of a fixed grid, from a sparse histogram        */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The histogram lists the non-empty buckets of the grid 0..B-1: keys[0..m) strictly ascending,
+ * cum[i] = the total count of keys[0..i) (cum has m+1 entries). A sub-problem has the candidate
+ * buckets [c0, c1] and takes its data from the buckets [d0, d1] (empty when d0 > d1). For a
+ * candidate b, L = data in buckets < b and G = data in buckets > b (data in b itself counts in
+ * neither), and the score of the quantile a/Q is -|(Q - a) L - a G| (the utility of OpenDP's
+ * make_quantile_score_candidates, scaled by Q to integers). Adding or removing one row moves L or
+ * G by one, so a score moves by at most max(a, Q - a); with rows rows per privacy unit, by rows
+ * times that.
+ */
+static inline uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x) {
+    int64_t lo = 0, hi = m; /* the first index with keys[i] >= x */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)keys[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return cum[lo];
+}
+
+typedef struct {
+    const uint32_t *keys;
+    const uint64_t *cum;
+    int64_t m;
+    uint64_t d0, d1;       /* data buckets [d0, d1] */
+    uint64_t base, top;    /* data below d0, data below d1 + 1 */
+    uint64_t a, q;         /* the quantile a/q */
+} dpch_qscore;
+
+static inline uint64_t dpch_clamp_u64(uint64_t x, uint64_t lo, uint64_t hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
+/* (q - a) L - a G for candidate b (non-decreasing in b). |.| < 2^63 when the total count is below
+ * 2^42 and q <= 2^20, checked by the caller. */
+static inline int64_t dpch_qscore_signed(const dpch_qscore *z, uint64_t b) {
+    if (z->d0 > z->d1) return 0;
+    uint64_t xb = dpch_clamp_u64(b, z->d0, z->d1 + 1), xb1 = dpch_clamp_u64(b + 1, z->d0, z->d1 + 1);
+    uint64_t L = dpch_hist_below(z->keys, z->cum, z->m, xb) - z->base;
+    uint64_t G = z->top - dpch_hist_below(z->keys, z->cum, z->m, xb1);
+    return (int64_t)((z->q - z->a) * L) - (int64_t)(z->a * G);
+}
+
+static inline int64_t dpch_qscore_at(const dpch_qscore *z, uint64_t b) {
+    int64_t f = dpch_qscore_signed(z, b);
+    return f < 0 ? f : -f;
+}
+
+/* The bucket in [c0, c1] chosen by permute-and-flip at temperature t/s (as dpch_permute_flip).
+ * The best score is found by bisection (the signed score is monotone); candidates are drawn
+ * lazily by Fisher-Yates into perm[c1 - c0 + 1] and scored by binary search in the histogram,
+ * so a call costs O(visited candidates * log m). */
+static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint64_t c1,
+                                        dpch_u128 t, uint64_t s, uint32_t *perm) {
+    uint64_t lo = c0, hi = c1 + 1; /* the first b with signed score >= 0, or c1 + 1 */
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (dpch_qscore_signed(z, mid) >= 0) hi = mid; else lo = mid + 1;
+    }
+    int64_t best = INT64_MIN;
+    if (lo <= c1) best = dpch_qscore_at(z, lo);
+    if (lo > c0) { int64_t v = dpch_qscore_at(z, lo - 1); if (v > best) best = v; }
+    uint64_t n = c1 - c0 + 1;
+    for (uint64_t i = 0; i < n; i++) perm[i] = (uint32_t)(c0 + i);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t j = i + dpch_uniform(n - i);
+        uint32_t r = perm[j];
+        perm[j] = perm[i];
+        perm[i] = r;
+        uint64_t gap = (uint64_t)(best - dpch_qscore_at(z, r));
+        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) return r;
+    }
+    return perm[n - 1]; /* not reached: a maximiser is accepted */
+}
+
+static inline uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1,
+                                              uint64_t thi, uint64_t tlo, uint64_t s, uint32_t *perm) {
+    return dpch_quantile_pf(z, c0, c1, ((dpch_u128)thi << 64) | tlo, s, perm);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Discrete Laplace (CKS20 Alg. 2)                                                             */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -3,7 +3,7 @@
 # the discrete Gaussian needs more than 128 bits. Both paths implement CKS20 exactly; the slow path
 # only differs in using Python integers.
 
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 cdef extern from "dpch_kernel.h" nogil:
     int dpch_rng_init()
@@ -18,6 +18,19 @@ cdef extern from "dpch_kernel.h" nogil:
     int64_t dpch_dlap(uint64_t t, unsigned shift, uint64_t s_div)
     int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi,
                                                                uint64_t tlo, uint64_t s, int64_t *perm)
+    ctypedef struct dpch_qscore:
+        const uint32_t *keys
+        const uint64_t *cum
+        int64_t m
+        uint64_t d0
+        uint64_t d1
+        uint64_t base
+        uint64_t top
+        uint64_t a
+        uint64_t q
+    uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x)
+    uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1, uint64_t thi,
+                                    uint64_t tlo, uint64_t s, uint32_t *perm)
 
     ctypedef struct dpch_dg:
         uint64_t S
@@ -111,3 +124,111 @@ cdef int _dg_draw(dpch_dg *g, int64_t *out) except -1:
             else:
                 out[0] = <int64_t>g.pending
             return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Quantiles over a fixed grid (docs/NOISE.md "Quantiles")
+# ------------------------------------------------------------------------------------------------
+
+#: Quantile levels are rounded to multiples of 1/QUANTILE_Q, so that scores are integers.
+QUANTILE_Q = 1 << 20
+#: Largest total count of a histogram: keeps (Q - a) L - a G below 2^63.
+QUANTILE_MAX_TOTAL = 1 << 42
+
+
+def quantile_levels(alphas):
+    """The quantile levels as integers a of a/QUANTILE_Q (round to nearest), raising ValueError
+    naming the problem for a level outside [0, 1] or not finite."""
+    out = []
+    for x in alphas:
+        v = float(x)
+        if not (0.0 <= v <= 1.0):
+            raise ValueError("quantile levels must be finite numbers in [0, 1]")
+        out.append(int(round(v * QUANTILE_Q)))
+    if not out:
+        raise ValueError("at least one quantile level is needed")
+    return out
+
+
+cdef list _quantile_buckets(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t buckets,
+                            list levels, double eps, uint64_t rows, uint32_t *perm):
+    """The buckets chosen for the quantile levels a/Q (`levels`, ints), in their order, jointly
+    eps-DP when one privacy unit holds at most `rows` rows of the histogram.
+
+    Kaplan, Schnapp & Stemmer (2022), ApproximateQuantiles: the middle level is chosen by
+    permute-and-flip over all buckets, then the levels below it over the buckets up to it with the
+    data below it, those above over the buckets from it with the data above it, recursively. A row
+    is in the data of at most one sub-problem per depth, so each depth is eps/depth-DP (parallel
+    composition) and the whole eps-DP over depth = bit_length(#levels) depths (sequential
+    composition). Each sub-problem's score has sensitivity rows * max(a', Q - a'), a'/Q its level
+    relative to the sub-problem; the temperature is calibration.em_temperature(that * depth, eps).
+    """
+    from dpch.calibration import em_temperature
+
+    cdef list uniq = sorted(set(levels))
+    cdef int depth = len(uniq).bit_length()
+    cdef dict chosen = {}
+    cdef dpch_qscore z
+    z.keys = keys
+    z.cum = cum
+    z.m = m
+    z.q = QUANTILE_Q
+    # (candidate buckets c0..c1, data buckets d0..d1 (empty if d0 > d1), level indices lo..hi-1,
+    #  the levels of the sub-problem's ends)
+    stack = [(0, buckets - 1, 0, buckets - 1, 0, len(uniq), 0, QUANTILE_Q)]
+    while stack:
+        c0, c1, d0, d1, lo, hi, end_lo, end_hi = stack.pop()
+        if lo >= hi:
+            continue
+        j = (lo + hi) // 2
+        num = (uniq[j] - end_lo) * QUANTILE_Q
+        width = end_hi - end_lo
+        a = (2 * num + width) // (2 * width)  # round(num / width)
+        t, s = em_temperature(rows * max(a, QUANTILE_Q - a) * depth, eps)
+        if d0 > d1:
+            z.d0, z.d1 = 1, 0
+            z.base = z.top = 0
+        else:
+            z.d0, z.d1 = d0, d1
+            z.base = dpch_hist_below(keys, cum, m, d0)
+            z.top = dpch_hist_below(keys, cum, m, d1 + 1)
+        z.a = a
+        b = dpch_quantile_pf_words(&z, c0, c1, t >> 64, t & 0xFFFFFFFFFFFFFFFF, s, perm)
+        chosen[uniq[j]] = b
+        stack.append((c0, b, d0, b - 1, lo, j, end_lo, uniq[j]))
+        stack.append((b, c1, b + 1, d1, j + 1, hi, uniq[j], end_hi))
+    return [chosen[a] for a in levels]
+
+
+#: The largest grid the quantile kernel accepts (the scratch permutation holds one uint32 each).
+QUANTILE_MAX_BUCKETS = 1 << 24
+
+
+cdef str _histogram_problem(const uint32_t *keys, const uint64_t *counts, int64_t m,
+                            uint64_t buckets, uint64_t *cum):
+    """Checks a sparse histogram and fills cum[0..m] (cum[i] = counts of keys[0..i)). Returns the
+    problem (naming the argument, never a value) or None."""
+    cdef int64_t i
+    cdef uint64_t total = 0
+    if buckets < 1 or buckets > QUANTILE_MAX_BUCKETS:
+        return f"buckets must be between 1 and {QUANTILE_MAX_BUCKETS}"
+    cum[0] = 0
+    for i in range(m):
+        if keys[i] >= buckets:
+            return "a bucket index is outside the grid"
+        if i > 0 and keys[i] <= keys[i - 1]:
+            return "bucket indices must be strictly ascending"
+        if counts[i] > QUANTILE_MAX_TOTAL - total:
+            return f"the histogram's total count must be below 2^42"
+        total += counts[i]
+        cum[i + 1] = total
+    return None
+
+
+cdef object _quantile_parameters(double eps, uint64_t rows, uint64_t buckets):
+    """The problem with the privacy parameters, or None."""
+    if not (eps > 0.0 and eps < float("inf")):
+        return "epsilon must be a finite number > 0"
+    if rows < 1 or rows > (1 << 20):
+        return "rows per unit must be between 1 and 2^20"
+    return None

@@ -37,6 +37,7 @@ __all__ = [
     "laplace_release",
     "laplace_release_int",
     "permute_and_flip",
+    "quantile_buckets",
     "random_u64",
     "round_to_grid",
     "round_to_grid_int",
@@ -487,3 +488,34 @@ def timed_discrete_gaussian(S, q, n):
         _dg_draw(&g, &o[i])
         w[i] = _now_ns() - t0
     return out, ns
+
+
+def quantile_buckets(keys, counts, buckets, levels, epsilon, rows=1, n=1):
+    """`n` independent joint releases of the quantiles `levels` (floats in [0, 1], rounded to
+    multiples of 2^-20) of a sparse histogram over the grid 0..buckets-1 (`keys` strictly
+    ascending bucket indices, `counts` their counts): a list of n lists of chosen buckets, one per
+    level, in the order given. The same code path as the SQL function dp_quantile's UDF.
+
+    Privacy: eps-DP for histograms that differ by at most `rows` rows (Kaplan, Schnapp & Stemmer
+    2022 recursion over permute-and-flip; docs/NOISE.md "Quantiles")."""
+    cdef uint32_t[::1] kv = np.ascontiguousarray(keys, dtype=np.uint32).reshape(-1)
+    cdef uint64_t[::1] cv = np.ascontiguousarray(counts, dtype=np.uint64).reshape(-1)
+    cdef int64_t m = kv.shape[0]
+    if cv.shape[0] != m:
+        raise ValueError("quantile_buckets: keys and counts must have the same length")
+    cdef uint64_t nb = _int_arg("quantile_buckets", "buckets", buckets, 1)
+    cdef uint64_t rv = _int_arg("quantile_buckets", "rows", rows, 1)
+    cdef Py_ssize_t count = _int_arg("quantile_buckets", "n", n, 0)
+    cum = np.empty(m + 1, dtype=np.uint64)
+    cdef uint64_t[::1] cumv = cum
+    problem = _histogram_problem(&kv[0] if m else NULL, &cv[0] if m else NULL, m, nb, &cumv[0])
+    if problem is None:
+        problem = _quantile_parameters(float(epsilon), rv, nb)
+    if problem is not None:
+        raise ValueError(f"quantile_buckets: {problem}")
+    lv = quantile_levels(levels)
+    perm = np.empty(nb, dtype=np.uint32)
+    cdef uint32_t[::1] pv = perm
+    cdef Py_ssize_t i
+    return [_quantile_buckets(&kv[0] if m else NULL, &cumv[0], m, nb, lv, float(epsilon), rv, &pv[0])
+            for i in range(count)]

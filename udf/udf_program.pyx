@@ -12,6 +12,11 @@ Functions (docs/NOISE.md):
   gaussian       (value Float64, sigma Float64) -> Float64
   gaussian_int   (value Int64,   sigma Float64) -> Int64
   gaussian_sigma (sensitivity Float64, epsilon Float64, delta Float64) -> Float64
+  quantiles      (keys Array(UInt32), counts Array(UInt64), buckets UInt32, levels Array(Float64),
+                  epsilon Float64, rows UInt64) -> Array(UInt32)
+                 the buckets chosen for the quantile levels from a sparse histogram over the grid
+                 0..buckets-1 (kernel.pxi _quantile_buckets; eps-DP when one privacy unit holds at
+                 most `rows` rows of the histogram)
 
 Bad input: a NaN/Inf value or a scale that is <= 0, NaN or Inf -> message on stderr
 "dpch-udf <function>: <problem> (row <i> of block)" and exit status 2; a malformed stream
@@ -24,6 +29,7 @@ include "kernel.pxi"
 import sys
 
 from libc.errno cimport EINTR, errno
+from libc.stdint cimport uint32_t
 from libc.math cimport isfinite, isnan
 from libc.stdlib cimport free, malloc
 from libc.string cimport memchr, memcpy, memmove
@@ -39,6 +45,7 @@ cdef enum:
     F_GAUSSIAN = 2
     F_GAUSSIAN_INT = 3
     F_GAUSSIAN_SIGMA = 4
+    F_QUANTILES = 5
 
 FUNCTIONS = {
     "laplace": F_LAPLACE,
@@ -46,6 +53,7 @@ FUNCTIONS = {
     "gaussian": F_GAUSSIAN,
     "gaussian_int": F_GAUSSIAN_INT,
     "gaussian_sigma": F_GAUSSIAN_SIGMA,
+    "quantiles": F_QUANTILES,
 }
 
 EXIT_OK = 0
@@ -307,13 +315,121 @@ cdef class _Program:
             done += take
         return 0
 
+    # ---------------------------------------------------------------- variable-size rows
+
+    cdef int _need(self, Py_ssize_t have) except -1:
+        """Make at least `have` bytes available from self.start (offsets stay valid: _fill only
+        moves the unread part to the buffer's start)."""
+        while self.end - self.start < have:
+            if have > IN_CAP:
+                raise _Stop(EXIT_BAD_VALUE, "a row is larger than the 4 MiB input buffer "
+                                            "(too many buckets)")
+            if self.eof:
+                raise _Stop(EXIT_MALFORMED, "malformed input: truncated row")
+            self._fill()
+        return 0
+
+    cdef Py_ssize_t _varint(self, Py_ssize_t *off) except -1:
+        """A LEB128 array length at self.start + off[0]; advances off."""
+        cdef Py_ssize_t value = 0
+        cdef int shift = 0
+        cdef unsigned char c
+        while True:
+            self._need(off[0] + 1)
+            c = self.inbuf[self.start + off[0]]
+            off[0] += 1
+            value |= (<Py_ssize_t>(c & 0x7F)) << shift
+            if c < 0x80:
+                return value
+            shift += 7
+            if shift > 35:
+                raise _Stop(EXIT_MALFORMED, "malformed input: bad array length")
+
+    cdef bytes _quantile_row(self, Py_ssize_t row) except *:
+        """Parse one row of `quantiles` at self.start, consume it, return its RowBinary result."""
+        cdef Py_ssize_t off = 0, m, m2, nlev, i
+        cdef uint32_t buckets
+        cdef double eps, level
+        cdef uint64_t rows
+        m = self._varint(&off)
+        self._need(off + 4 * m)
+        cdef Py_ssize_t keys_off = off
+        off += 4 * m
+        m2 = self._varint(&off)
+        if m2 != m:
+            raise _Stop(EXIT_BAD_VALUE, f"keys and counts differ in length (row {row} of block)")
+        self._need(off + 8 * m + 4)
+        cdef Py_ssize_t counts_off = off
+        off += 8 * m
+        memcpy(&buckets, self.inbuf + self.start + off, 4)
+        off += 4
+        nlev = self._varint(&off)
+        self._need(off + 8 * nlev + 16)
+        levels = []
+        for i in range(nlev):
+            memcpy(&level, self.inbuf + self.start + off + 8 * i, 8)
+            levels.append(level)
+        off += 8 * nlev
+        memcpy(&eps, self.inbuf + self.start + off, 8)
+        memcpy(&rows, self.inbuf + self.start + off + 8, 8)
+        off += 16
+        cdef uint32_t *keys = <uint32_t *>malloc(4 * m + 4)
+        cdef uint64_t *counts = <uint64_t *>malloc(8 * m + 8)
+        cdef uint64_t *cum = <uint64_t *>malloc(8 * m + 8)
+        cdef uint32_t *perm = <uint32_t *>malloc(4 * (<Py_ssize_t>buckets) + 4)
+        try:
+            if keys == NULL or counts == NULL or cum == NULL or perm == NULL:
+                raise MemoryError()
+            memcpy(keys, self.inbuf + self.start + keys_off, 4 * m)
+            memcpy(counts, self.inbuf + self.start + counts_off, 8 * m)
+            self.start += off
+            problem = _histogram_problem(keys, counts, m, buckets, cum)
+            if problem is None:
+                problem = _quantile_parameters(eps, rows, buckets)
+            if problem is None:
+                try:
+                    problem_levels = quantile_levels(levels)
+                except ValueError as exc:
+                    problem = str(exc)
+            if problem is not None:
+                raise _Stop(EXIT_BAD_VALUE, f"{problem} (row {row} of block)")
+            chosen = _quantile_buckets(keys, cum, m, buckets, problem_levels, eps, rows, perm)
+        finally:
+            free(keys)
+            free(counts)
+            free(cum)
+            free(perm)
+        out = bytearray()
+        n = len(chosen)
+        while True:  # LEB128 length
+            byte = n & 0x7F
+            n >>= 7
+            out.append(byte | (0x80 if n else 0))
+            if not n:
+                break
+        for b in chosen:
+            out += (<uint32_t>b).to_bytes(4, "little")
+        return bytes(out)
+
+    cdef int _block_quantiles(self, long long nrows) except -1:
+        cdef long long i
+        parts = []
+        for i in range(nrows):
+            parts.append(self._quantile_row(i))
+        data = b"".join(parts)
+        self._write_all(data, len(data))
+        return 0
+
     cdef int _loop(self) except -1:
         cdef long long n
         while True:
             n = self._header()
             if n < 0:
                 return 0
-            self._block(n)
+            if self.fn == F_QUANTILES:
+                self._block_quantiles(n)
+            else:
+                self._block(n)
 
 
 def run(str function):

@@ -1,0 +1,1 @@
+CREATE FUNCTION dpch_quantile_bucket AS (x, lo, hi) -> toUInt32(if(toFloat64(hi) > toFloat64(lo), least(greatest(floor((ifNull(toFloat64(x), 0.) - toFloat64(lo)) / (toFloat64(hi) - toFloat64(lo)) * 65536), 0.), 65535.), 0.))
