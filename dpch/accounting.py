@@ -339,7 +339,7 @@ def pure_epsilon(m: MechanismCost) -> float:
         raise CostNotSupported(f"mechanism {m.label or m.kind!r} is ({_fmt(m.epsilon)}, {_fmt(m.delta)})-DP, not pure ε-DP")
     if m.kind == "laplace":
         return max(m.epsilon, _ratio(m))
-    if m.kind in ("threshold", SETTLED_KIND):
+    if m.kind in ("threshold", "exponential", SETTLED_KIND):
         return m.epsilon
     raise CostNotSupported(f"{m.kind} mechanism {m.label!r} is not pure ε-DP")
 
@@ -356,7 +356,7 @@ def dp_params(m: MechanismCost) -> tuple[float, float]:
         if m.epsilon <= 0 and m.sensitivity > 0:
             raise CostNotSupported(f"gaussian mechanism {m.label!r} declares ε = 0")
         return m.epsilon, m.delta
-    if m.kind in ("threshold", SETTLED_KIND):
+    if m.kind in ("threshold", "exponential", SETTLED_KIND):
         return m.epsilon, m.delta
     raise CostNotSupported(f"unknown mechanism kind {m.kind!r}")
 
@@ -375,7 +375,7 @@ def zcdp_rho(m: MechanismCost) -> tuple[float, float]:
             raise CostNotSupported(f"laplace mechanism {m.label!r} declares δ > 0")
         e = max(m.epsilon, _ratio(m))
         return e * e / 2.0, 0.0
-    if m.kind == "threshold":
+    if m.kind in ("threshold", "exponential"):
         return m.epsilon * m.epsilon / 2.0, m.delta
     raise CostNotSupported(f"{m.kind} mechanism {m.label!r} has no zCDP guarantee")
 

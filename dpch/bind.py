@@ -34,7 +34,8 @@ INTERNAL_PREFIX = "__dp_"
 AGG_PREFIX = "__dp_a"
 KEY_PREFIX = "__dp_k"
 
-DP_FUNCS = ("count", "count_distinct_unit", "sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+DP_FUNCS = ("count", "count_distinct_unit", "sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
+            "quantile", "quantiles")
 
 # --- scalar functions/operators (sqlglot node classes, by name) --------------------------------
 _ALLOWED_NODE_NAMES = """
@@ -159,6 +160,7 @@ class AggCall:
     arg: exp.Expression | None  # None for COUNT(*) / COUNT(DISTINCT unit)
     cond: exp.Expression | None  # the -If condition (countIf/sumIf/avgIf), row level
     text: str  # normalised SQL of the call as written
+    levels: tuple[float, ...] = ()  # quantile levels (quantile: one, quantiles: one or more)
 
     @property
     def placeholder(self) -> str:
@@ -300,17 +302,17 @@ class _Binder:
         return tuple(cols)
 
     # -- aggregates ---------------------------------------------------------------------------
-    def _add_agg(self, func: str, arg, cond, node: exp.Expression) -> int:
+    def _add_agg(self, func: str, arg, cond, node: exp.Expression, levels: tuple[float, ...] = ()) -> int:
         if arg is not None:
             self._check_row_expr(arg, f"the argument of {sql_of(node)}")
         if cond is not None:
             self._check_row_expr(cond, f"the condition of {sql_of(node)}")
         text = sql_of(node)
-        key = f"{func}|{sql_of(arg) if arg is not None else ''}|{sql_of(cond) if cond is not None else ''}"
+        key = f"{func}|{sql_of(arg) if arg is not None else ''}|{sql_of(cond) if cond is not None else ''}|{levels}"
         if key in self.agg_index:
             return self.agg_index[key]
         idx = len(self.aggs)
-        self.aggs.append(AggCall(idx, func, arg, cond, text))
+        self.aggs.append(AggCall(idx, func, arg, cond, text, levels))
         self.agg_index[key] = idx
         return idx
 
@@ -362,6 +364,10 @@ class _Binder:
                 if isinstance(node.this, exp.Distinct):
                     raise _reject(f"{text}: DISTINCT inside a variance is not supported")
                 return self._add_agg(func, node.this, None, node)
+        quantile = self._quantile(node, text)
+        if quantile is not None:
+            func, arg, levels = quantile
+            return self._add_agg(func, arg, None, node, levels)
         name = func_name(node)
         low = name.lower()
         if isinstance(node, (exp.AnonymousAggFunc, exp.Anonymous)) and low in _VAR_NAMES:
@@ -383,7 +389,43 @@ class _Binder:
             raise _reject(f"the query calls {name}(...): DPCH adds the noise itself; write the plain aggregate "
                           "(COUNT, SUM, AVG, ...) instead of dp_*/dpch_* functions")
         raise _reject(f"non-DP aggregate {name}(...) ({text}): supported aggregates are COUNT(*), COUNT(col), "
-                      "COUNT(DISTINCT <privacy unit>), SUM, AVG, VAR/STDDEV (and countIf, sumIf, avgIf)")
+                      "COUNT(DISTINCT <privacy unit>), SUM, AVG, VAR/STDDEV, median, quantile(q), quantiles(q, ...), "
+                      "MIN, MAX (and countIf, sumIf, avgIf)")
+
+    def _quantile(self, node: exp.Expression, text: str) -> tuple[str, exp.Expression, tuple[float, ...]] | None:
+        """median(x), quantile(q)(x), quantiles(q1, ...)(x), MIN(x) (level 0), MAX(x) (level 1) as
+        (func, argument, levels), or None for other aggregates. Levels must be numeric literals in
+        [0, 1] (they are public: they pick the mechanism's score, never a data value)."""
+        if isinstance(node, (exp.Min, exp.Max)):
+            if isinstance(node.this, exp.Distinct) or node.expressions:
+                raise _reject(f"{text}: {'MIN' if isinstance(node, exp.Min) else 'MAX'} takes one argument")
+            return "quantile", node.this, (0.0 if isinstance(node, exp.Min) else 1.0,)
+        if isinstance(node, exp.Quantile):
+            return "quantile", node.this, (self._level(node.args.get("quantile"), text),)
+        if isinstance(node, exp.ParameterizedAgg) and func_name(node).lower() in ("quantile", "quantiles"):
+            params = node.args.get("params") or []
+            if len(params) != 1:
+                raise _reject(f"{text}: {func_name(node)}(...)(x) takes one argument x")
+            levels = tuple(self._level(v, text) for v in node.expressions)
+            if not levels or (func_name(node).lower() == "quantile" and len(levels) != 1):
+                raise _reject(f"{text}: give the level(s) as quantile(q)(x) or quantiles(q1, q2, ...)(x)")
+            if len(levels) > 100:
+                raise _reject(f"{text}: at most 100 quantile levels per call")
+            return ("quantile" if func_name(node).lower() == "quantile" else "quantiles"), params[0], levels
+        if isinstance(node, exp.Anonymous) and func_name(node).lower() == "median":
+            if len(node.expressions) != 1:
+                raise _reject(f"{text}: median takes one argument")
+            return "quantile", node.expressions[0], (0.5,)
+        return None
+
+    @staticmethod
+    def _level(node: exp.Expression | None, text: str) -> float:
+        value = None
+        if isinstance(node, exp.Literal) and not node.is_string:
+            value = float(node.this)
+        if value is None or not (0.0 <= value <= 1.0):
+            raise _reject(f"{text}: a quantile level must be a number literal in [0, 1]")
+        return value
 
     # -- templates ----------------------------------------------------------------------------
     def _template(self, node: exp.Expression, where: str, *, use_aliases: bool) -> exp.Expression:

@@ -31,6 +31,7 @@ import pandas as pd
 from .bind import BoundQuery, bind
 from .errors import CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
 from .execute import execute, execute_formatted
+from .mechanisms import QUANTILE_BUCKETS
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
@@ -230,6 +231,14 @@ class Explanation:
                          f"(Laplace b={s['noise_scale']:.6g}, ε={s['epsilon']:.6g}, δ={s['delta']:.3g})")
         lines.append("noisy values:")
         for q in self.quantities:
+            if q["kind"] == "quantile":
+                lo, hi = q["value_interval"]
+                lines.append(
+                    f"  {q['label']}: quantile level(s) {', '.join(f'{a:g}' for a in q['levels'])} on a "
+                    f"{q['grid_buckets']}-bucket grid over [{lo:.6g}, {hi:.6g}], <= {q['rows_per_unit_per_group']} "
+                    f"row(s) per unit per group, exponential mechanism (permute-and-flip), ε={q['epsilon']:.6g} "
+                    f"(ε/{q['groups_per_unit']} per group), δ=0, 95% rank error <= ±{q['rank_halfwidth_95']:.4g} rows")
+                continue
             lines.append(
                 f"  {q['label']}: {q['kind']}, L1={q['sensitivity_l1']:.6g} L2={q['sensitivity_l2']:.6g} "
                 f"(value units), {q['mechanism']} scale={q['noise_scale']:.6g}, ε={q['epsilon']:.6g}, "
@@ -259,7 +268,7 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         quantities.append({
             "label": q.label,
             "kind": "partition selection" if q.is_selection and not q.aggregates else (
-                {"rows": "count", "units": "distinct units", "sum": "fixed-point sum"}[q.kind]),
+                {"rows": "count", "units": "distinct units", "sum": "fixed-point sum", "quantile": "quantile"}[q.kind]),
             "partition_selection": q.is_selection,
             "sensitivity_l1": q.l1 * q.grid,
             "sensitivity_l2": q.l2 * q.grid,
@@ -272,8 +281,12 @@ def explain_prepared(prepared: Prepared) -> Explanation:
             "epsilon": q.epsilon,
             "delta": q.delta,
             "weight": q.weight,
-            "ci95_halfwidth": q.ci_halfwidth_units(0.95) * q.grid,
+            "ci95_halfwidth": float("nan") if q.kind == "quantile" else q.ci_halfwidth_units(0.95) * q.grid,
         })
+        if q.kind == "quantile":
+            quantities[-1].update({"levels": list(q.levels), "grid_buckets": QUANTILE_BUCKETS,
+                                   "rows_per_unit_per_group": q.rows, "groups_per_unit": q.coords,
+                                   "rank_halfwidth_95": q.mechanism_object().rank_halfwidth(len(q.levels), 0.95)})
     aggregates = []
     for ap in plan.aggregates:
         aggregates.append({

@@ -26,7 +26,8 @@ def _cached_hash(obj, fields: tuple) -> int:
 @dataclass(frozen=True)
 class MechanismCost:
     """One noisy release. `kind` is "laplace" (scale = b) or "gaussian" (scale = σ), or
-    "threshold" for private partition selection (charged as (epsilon, delta))."""
+    "threshold" for private partition selection (charged as (epsilon, delta)), or "exponential"
+    for quantiles by the exponential mechanism (pure epsilon; scale = its temperature in rows)."""
 
     kind: str
     sensitivity: float  # L1 for Laplace, L2 for Gaussian, including the grid term of docs/NOISE.md

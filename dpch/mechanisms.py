@@ -545,6 +545,18 @@ class QuantileMechanism:
 
         return _noise.quantile_buckets(keys, counts, buckets, alphas, self.epsilon, self.rows, n)
 
+    def rank_halfwidth(self, levels: int, confidence: float, buckets: int = QUANTILE_BUCKETS) -> float:
+        """h such that, with probability >= confidence, every released level's
+        |(1-α) L - α G| (rows below/above its bucket, within its sub-problem) exceeds the best
+        bucket's by at most h rows: a candidate of score gap g is accepted with probability at most
+        e^(-g/T), so a gap >= T (ln B + ln(m/β)) has probability <= β/m (union bound over the B
+        buckets and the m levels), T = 2 · rows · depth / ε in rows (max(α, 1-α) <= 1). Public:
+        a function of the parameters only."""
+        m = max(1, int(levels))
+        depth = m.bit_length()
+        beta = 1.0 - float(confidence)
+        return 2.0 * self.rows * depth / self.epsilon * (math.log(buckets) + math.log(m / beta))
+
     @staticmethod
     def value(bucket: int, lo: float, hi: float, buckets: int = QUANTILE_BUCKETS) -> float:
         """The released value of a bucket: its midpoint, inside [lo, hi] (post-processing)."""

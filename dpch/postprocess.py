@@ -7,7 +7,9 @@
   aggregate column, for the value of the aggregate on the *bounded* data (after contribution
   bounding and clipping; the bias those introduce is not in the interval):
   COUNT/SUM: the noisy value ± the exact discrete-noise half-width of its mechanism
-  (``dpch.mechanisms``), counts clamped at 0; AVG and VAR/STDDEV: the interval image of the
+  (``dpch.mechanisms``), counts clamped at 0; quantiles: the value bounds (a value interval
+  needs the data's distribution), with the rank interval ``rank_halfwidth`` in the metadata;
+  AVG and VAR/STDDEV: the interval image of the
   component intervals (each at level 1 - (1 - level)/m for m components, union bound), clamped
   to the value bounds. Derived columns (arithmetic over aggregates) get no interval;
 - attaches metadata in ``df.attrs["dpch"]`` (documented in docs/CONTROLLER.md):
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .mechanisms import QUANTILE_BUCKETS
 from .plan import AggregatePlan, Plan, Quantity
 from .rewrite import Rewritten
 
@@ -45,6 +48,12 @@ def aggregate_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], le
                  ) -> tuple[np.ndarray, np.ndarray]:
     qs = plan.quantities
     func = ap.func
+    if func in ("quantile", "quantiles"):
+        # a value interval would need the data's distribution: the only data-free one is the value
+        # bounds (always valid); the informative uncertainty is the rank interval in the metadata
+        n = len(noisy[qs[ap.roles["quantile"]].index])
+        lo, hi = ap.value_interval  # type: ignore[misc]
+        return np.full(n, float(lo)), np.full(n, float(hi))
     if func in ("count", "count_distinct_unit"):
         q = qs[ap.roles["count"]]
         v = noisy[q.index].astype(float)
@@ -126,6 +135,21 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
 
 
 def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
+    if q.kind == "quantile":
+        m = q.mechanism_object()
+        return {
+            "mechanism": "exponential",
+            "sampler": "permute-and-flip over a sparse histogram (Kaplan et al. recursion for several levels)",
+            "grid_buckets": QUANTILE_BUCKETS,
+            "levels": list(q.levels),
+            "rows_per_unit_per_group": q.rows,
+            "epsilon": q.epsilon,
+            "epsilon_per_group": q.group_epsilon,
+            "delta": 0.0,
+            "noise_scale": q.scale,  # temperature in rows at level 0 or 1
+            "rank_halfwidth": m.rank_halfwidth(len(q.levels), level),
+            "shared_with_partition_selection": False,
+        }
     sens = q.l1 if q.mechanism == "laplace" else q.l2
     return {
         "mechanism": q.mechanism,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from .bind import sql_of
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
+from .mechanisms import QUANTILE_BUCKETS
 from .plan import Plan, Quantity, float_literal
 from .typecheck import default_row_sql, with_settings
 
@@ -76,7 +77,10 @@ class _Rewriter:
         self.table_sql = table or e.table_sql
         self.keys = list(plan.bound.keys)
         self.nk = len(self.keys)
-        self.row_qs = [q for q in plan.quantities if q.row_sql is not None]
+        self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind != "quantile"]
+        # quantiles: each unit keeps at most q.rows of its rows per group (those whose bucket has
+        # the smallest keyed hash: a function of the unit's own rows), collected as (hash, bucket)
+        self.quant_qs = [q for q in plan.quantities if q.kind == "quantile"]
 
     # -- helpers ----------------------------------------------------------------------------
     def _where(self, *, key_filters: bool = True) -> str:
@@ -130,11 +134,25 @@ class _Rewriter:
             keys = [f"__dp_rk{j}" for j in range(self.nk)]
             h = "__dp_h"
             res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
+        if inline:
+            rq = [f"({q.row_sql})" for q in self.quant_qs]
+        else:
+            rq = [f"__dp_rq{i}" for i in range(len(self.quant_qs))]
+        cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
         if not self.nk:
-            return ["count()"] + [f"sum({r})" for r in res]
+            return ["count()"] + [f"sum({r})" for r in res] + [
+                f"groupArraySorted({cap})({self._hashed_bucket(r)})" for r in rq]
         choose = [f"argMin(tuple({k}), {h}).1" if self.plan.key_nullable(j) else f"argMin({k}, {h})"
                   for j, k in enumerate(keys)]
-        return choose + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res]
+        return choose + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res] + [
+            f"groupArraySortedArgMin({cap})({self._hashed_bucket(r)}, {h})" for r in rq]
+
+    @staticmethod
+    def _hashed_bucket(bucket_sql: str) -> str:
+        """(keyed hash of the bucket, bucket): sorted, a unit's first r pairs are the r rows it keeps
+        (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS and are dropped later)."""
+        b = f"ifNull({bucket_sql}, {QUANTILE_BUCKETS})"
+        return f"tuple(sipHash64Keyed({SALT_PLACEHOLDER}, {b}), toUInt32({b}))"
 
     def _k(self, j: int) -> str:
         return f"__dp_k{j}"
@@ -144,6 +162,12 @@ class _Rewriter:
 
     def _group_by(self) -> str:
         return f"\nGROUP BY {self._key_list()}" if self.nk else ""
+
+    @staticmethod
+    def _histogram(pairs_sql: str) -> str:
+        """Group stage of a quantile: the sparse histogram (buckets, counts) of the kept pairs."""
+        kept = f"arrayFilter(__dp_t -> __dp_t.2 < {QUANTILE_BUCKETS}, {pairs_sql})"
+        return f"sumMap(arrayMap(__dp_t -> __dp_t.2, {kept}), arrayMap(__dp_t -> toUInt64(1), {kept}))"
 
     def _q_agg(self, q: Quantity, rows_col: str, units_col: str, sum_prefix: str) -> str:
         if q.kind == "units":
@@ -160,14 +184,17 @@ class _Rewriter:
         if p.entry.row_level:
             cols = keys_proj + [
                 f"{self._q_agg(q, 'toInt64(count())', 'toInt64(count())', '__dp_e')} AS {q.column}"
-                if q.row_sql is None else f"sum({q.row_sql}) AS {q.column}"
+                if q.row_sql is None else
+                f"{self._histogram(f'[{self._hashed_bucket(q.row_sql)}]')} AS {q.column}" if q.kind == "quantile"
+                else f"sum({q.row_sql}) AS {q.column}"
                 for q in p.quantities]
             return f"SELECT {', '.join(cols)}\nFROM {self.table_sql}{self._where()}{self._group_by()}"
 
         unit = quote_ident(p.entry.privacy_unit)  # type: ignore[arg-type]
         b = p.bounding
         rk = [f"{sql_of(k.expr)} AS __dp_rk{j}" for j, k in enumerate(self.keys)]
-        re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)]
+        re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)] + \
+            [f"{q.row_sql} AS __dp_rq{i}" for i, q in enumerate(self.quant_qs)]
         hash_sql = ""
         if self.nk:
             key_args = [f"__dp_rk{j}" for j in range(self.nk)]
@@ -179,7 +206,8 @@ class _Rewriter:
             where = (where + f" AND ({unit} IS NOT NULL)") if where else f"\nWHERE {unit} IS NOT NULL"
         rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{where}"
 
-        s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))]
+        s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))] + [f"__dp_sq{i}" for i in range(len(self.quant_qs))]
+        bq_cols = [f"__dp_sq{i} AS __dp_bq{i}" for i in range(len(self.quant_qs))]
         if not self.nk or b.k == 1:
             cap = min(b.max_rows, b.rows_per_group)
             aggs = self.per_unit_aggregates(inline=False)
@@ -191,11 +219,13 @@ class _Rewriter:
                 scaled.append(
                     f"if(__dp_c <= {cap}, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * {cap} / __dp_c)), "
                     f"{cap * q.lo_units}), {cap * q.hi_units})) AS __dp_b{i}")
-            bounded = f"SELECT {', '.join(scaled)}\nFROM (\n{_indent(per_unit)}\n)"
+            bounded = f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(per_unit)}\n)"
         else:
             k, C, M = b.k, b.rows_per_group, b.max_rows
             stage1_cols = ["__dp_u", "__dp_h"] + [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)] + \
-                ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))]
+                ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
+                [f"groupArraySorted({C})({self._hashed_bucket(f'__dp_rq{i}')}) AS __dp_sq{i}"
+                 for i in range(len(self.quant_qs))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its groups sorted by keyed hash, the first k kept (one sorted array per column,
             # all sorted by the same hashes, so element i of every array is the same group)
@@ -209,10 +239,11 @@ class _Rewriter:
             arrays = [f"arraySlice(arraySort(groupArray(__dp_h)), 1, {k}) AS __dp_ah",
                       f"{by_hash('__dp_c')} AS __dp_ac"] + \
                 [f"{by_hash(self._k(j), p.key_nullable(j))} AS __dp_ak{j}" for j in range(self.nk)] + \
-                [f"{by_hash(f'__dp_s{i}')} AS __dp_as{i}" for i in range(len(self.row_qs))]
+                [f"{by_hash(f'__dp_s{i}')} AS __dp_as{i}" for i in range(len(self.row_qs))] + \
+                [f"{by_hash(f'__dp_sq{i}')} AS __dp_aq{i}" for i in range(len(self.quant_qs))]
             stage2 = f"SELECT {', '.join(arrays)}\nFROM (\n{_indent(stage1)}\n)\nGROUP BY __dp_u"
             passthrough = ["__dp_ah", "__dp_ac"] + [f"__dp_ak{j}" for j in range(self.nk)] + \
-                [f"__dp_as{i}" for i in range(len(self.row_qs))]
+                [f"__dp_as{i}" for i in range(len(self.row_qs))] + [f"__dp_aq{i}" for i in range(len(self.quant_qs))]
             stage2b = (f"SELECT {', '.join(passthrough)}, "
                        f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), "
                        f"arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac), "
@@ -220,7 +251,8 @@ class _Rewriter:
                        f"\nFROM (\n{_indent(stage2)}\n)")
             unfold_cols = [f"__dp_ak{j}[__dp_i] AS {self._k(j)}" for j in range(self.nk)] + \
                 ["__dp_ac[__dp_i] AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
-                [f"__dp_as{i}[__dp_i] AS __dp_s{i}" for i in range(len(self.row_qs))]
+                [f"__dp_as{i}[__dp_i] AS __dp_s{i}" for i in range(len(self.row_qs))] + \
+                [f"arraySlice(__dp_aq{i}[__dp_i], 1, __dp_ra[__dp_i]) AS __dp_sq{i}" for i in range(len(self.quant_qs))]
             unfold = (f"SELECT {', '.join(unfold_cols)}\nFROM (\n{_indent(stage2b)}\n)\n"
                       f"ARRAY JOIN arrayEnumerate(__dp_ah) AS __dp_i")
             scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"]
@@ -228,11 +260,13 @@ class _Rewriter:
                 scaled.append(
                     f"if(__dp_c <= __dp_r, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * __dp_r / __dp_c)), "
                     f"__dp_r * ({q.lo_units})), __dp_r * {q.hi_units})) AS __dp_b{i}")
-            bounded = f"SELECT {', '.join(scaled)}\nFROM (\n{_indent(unfold)}\n)"
+            bounded = f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(unfold)}\n)"
 
         group_cols = [self._k(j) for j in range(self.nk)]
         for q in p.quantities:
-            if q.kind == "units":
+            if q.kind == "quantile":
+                group_cols.append(f"{self._histogram(f'__dp_bq{self.quant_qs.index(q)}')} AS {q.column}")
+            elif q.kind == "units":
                 group_cols.append(f"toInt64(count()) AS {q.column}")
             elif q.row_sql is None:
                 group_cols.append(f"toInt64(sum(__dp_r)) AS {q.column}")
@@ -249,20 +283,42 @@ class _Rewriter:
         on = " AND ".join(f"isNotDistinctFrom(__dp_keys.{self._k(j)}, __dp_agg.{self._k(j)})" if p.key_nullable(j)
                           else f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
         cols = [f"__dp_keys.{self._k(j)} AS {self._k(j)}" for j in range(self.nk)] + \
-            [f"toInt64(ifNull(__dp_agg.{q.column}, 0)) AS {q.column}" for q in p.quantities]
+            [f"__dp_agg.{q.column} AS {q.column}" if q.kind == "quantile"
+             else f"toInt64(ifNull(__dp_agg.{q.column}, 0)) AS {q.column}" for q in p.quantities]
         return (f"SELECT {', '.join(cols)}\nFROM (SELECT {key_cols}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
                 f"AS __dp_agg ON {on}")
 
     def noised_sql(self, inner: str) -> str:
         cols = [self._k(j) for j in range(self.nk)]
         for q in self.plan.quantities:
+            if q.kind == "quantile":
+                cols.append(f"{self._quantile_buckets(q)} AS {q.noisy_column}")
+                continue
             value = f"toInt64({q.column})"
             cols.append(f"{q.noise_sql(value) if self.noise else value} AS {q.noisy_column}")
         return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
 
+    def _quantile_buckets(self, q: Quantity) -> str:
+        """The released buckets (Array(UInt32), one per level): dpch_quantiles at ε/coords per
+        group; without noise (neighbouring-dataset checks only), the exact bounded quantile's
+        bucket (the first whose cumulative count reaches level · n)."""
+        levels = "[" + ", ".join(float_literal(a) for a in q.levels) + "]"
+        keys, counts = f"tupleElement({q.column}, 1)", f"tupleElement({q.column}, 2)"
+        if not self.noise:
+            return (f"arrayMap(__dp_a -> toUInt32(if(empty({keys}), 0, {keys}[greatest(arrayFirstIndex("
+                    f"__dp_c -> __dp_c >= __dp_a * arraySum({counts}), arrayCumSum({counts})), 1)])), {levels})")
+        return (f"dpch_quantiles({keys}, {counts}, toUInt32({QUANTILE_BUCKETS}), CAST({levels} AS Array(Float64)), "
+                f"{float_literal(q.group_epsilon)}, toUInt64({q.rows}))")
+
     def _agg_value_sql(self, i: int) -> str:
         ap = self.plan.aggregates[i]
         qs = self.plan.quantities
+        if ap.func in ("quantile", "quantiles"):
+            lo, hi = ap.value_interval  # type: ignore[misc]
+            width = float_literal((hi - lo) / QUANTILE_BUCKETS)
+            values = (f"arrayMap(__dp_b -> least(greatest({float_literal(lo)} + (toFloat64(__dp_b) + 0.5) * {width}, "
+                      f"{float_literal(lo)}), {float_literal(hi)}), {qs[ap.roles['quantile']].noisy_column})")
+            return f"{values}[1]" if ap.func == "quantile" else values
         if ap.func in ("count", "count_distinct_unit"):
             return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
         if ap.func == "sum":

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..bind import AggCall, BoundQuery
 from ..catalog import TableEntry
 from ..cost import PrivacyCost
-from ..mechanisms import GaussianMechanism, LaplaceMechanism
+from ..mechanisms import GaussianMechanism, LaplaceMechanism, QuantileMechanism
 from .bounds import Interval
 from .options import QueryOptions
 
@@ -20,7 +20,7 @@ class Quantity:
     index: int
     key: str  # identity for sharing
     label: str
-    kind: str  # "rows" (count of rows matching pred), "units" (distinct units) or "sum"
+    kind: str  # "rows" (count of rows matching pred), "units" (distinct units), "sum" or "quantile"
     row_sql: str | None  # per-row Int64 contribution (units); None for plain row counts / units
     lo_units: int  # per-row contribution range in units
     hi_units: int
@@ -37,6 +37,18 @@ class Quantity:
     scale: float = 0.0  # b or σ in units
     is_selection: bool = False
     aggregates: list[int] = field(default_factory=list)  # aggregate indices using it
+    # quantile quantities: row_sql is the row's bucket of the 2^16 grid over value_interval (NULL
+    # for NULL/NaN), released per group by dpch_quantiles at the levels; rows = the most rows one
+    # unit keeps in one group (the histogram's sensitivity), coords = groups one unit can move
+    levels: tuple[float, ...] = ()
+    rows: int = 1
+    coords: int = 1
+
+    @property
+    def group_epsilon(self) -> float:
+        """A quantile's ε per group: one unit moves at most ``coords`` groups' histograms, so each
+        group's release gets ε/coords (sequential composition over the groups it touches)."""
+        return self.epsilon / self.coords
 
     @property
     def column(self) -> str:
@@ -47,6 +59,8 @@ class Quantity:
         return f"__dp_n{self.index}"
 
     def mechanism_object(self):
+        if self.mechanism == "exponential":
+            return QuantileMechanism(self.group_epsilon, self.rows)
         if self.mechanism == "laplace":
             return LaplaceMechanism(self.scale, True)
         return GaussianMechanism(self.scale, True)

@@ -13,7 +13,7 @@ from .. import calibration as cal
 from ..bind import AggCall, BoundQuery, sql_of
 from ..cost import MechanismCost, PrivacyCost
 from ..errors import InvalidParameter, QueryRejected
-from ..mechanisms import GaussianMechanism, LaplaceMechanism
+from ..mechanisms import QUANTILE_BUCKETS, GaussianMechanism, LaplaceMechanism
 from .bounds import Interval, bound_expression, clip_float_sql, expr_nullable, float_literal
 from .gaussian import vector_gaussian_sigma
 from .key_domains import key_domain
@@ -98,6 +98,27 @@ class _Planner:
         return self._quantity(key, label=label, kind="sum", row_sql=row, lo_units=lo_u, hi_units=hi_u,
                               grid=g, centre=centre, value_interval=(lo, hi))
 
+    def _quantile_quantity(self, call: AggCall, value_sql: str, iv: Interval, cond_sql: str | None) -> int:
+        """The row's bucket of the QUANTILE_BUCKETS grid over the value interval (NULL for a NULL or
+        NaN value or a row failing the -If condition: it is not in the histogram)."""
+        lo, hi = iv
+        v = f"toFloat64({value_sql})"
+        if hi > lo:
+            width = float_literal(QUANTILE_BUCKETS / (hi - lo))
+            bucket = (f"toUInt32(least(greatest(floor(({v} - {float_literal(lo)}) * {width}), 0.), "
+                      f"{QUANTILE_BUCKETS - 1}.))")
+        else:
+            bucket = "toUInt32(0)"
+        keep = f"isNotNull({v}) AND NOT isNaN(ifNull({v}, 0.))"
+        if cond_sql is not None:
+            keep = f"({cond_sql}) AND {keep}"
+        row = f"if({keep}, {bucket}, NULL)"
+        b = self.bounding
+        return self._quantity(f"quantile|{call.levels}|{row}", label=call.text, kind="quantile", row_sql=row,
+                              lo_units=0, hi_units=1, grid=1.0, centre=0.0, value_interval=iv,
+                              levels=call.levels, rows=1 if b.row_level else min(b.max_rows, b.rows_per_group),
+                              coords=self._coords())
+
     def _plan_aggregate(self, call: AggCall) -> AggregatePlan:
         e = self.entry
         cond_sql = sql_of(call.cond) if call.cond is not None else None
@@ -119,6 +140,9 @@ class _Planner:
         # to the computed interval (so the per-row bound holds even if the arithmetic were loose)
         bare = isinstance(call.arg, exp.Column) or (isinstance(call.arg, exp.Paren) and isinstance(call.arg.this, exp.Column))
         value = s if bare else clip_float_sql(s, *iv)
+        if call.func in ("quantile", "quantiles"):
+            return AggregatePlan(call, {"quantile": self._quantile_quantity(call, value, iv, cond_sql)},
+                                 value_interval=iv)
         if call.func == "sum":
             is_null = nullable or expr_nullable(call.arg, e)
             qi = self._sum_quantity(value, iv, 0.0, cond_sql, label, is_null)
@@ -200,6 +224,9 @@ class _Planner:
         grouped = self.bound.grouped
         b = self.bounding
         for q in self.quantities:
+            if q.kind == "quantile":  # rows of one unit in one group's histogram (the score's unit)
+                q.l1 = q.l2 = float(q.rows)
+                continue
             if q.kind == "units":
                 q.l1, q.l2 = unit_sensitivity(b, grouped)
             else:
@@ -264,6 +291,9 @@ class _Planner:
                 else:
                     sigma = cal.analytic_gaussian_sigma(q.l2, q.epsilon, tentative)
                 choice[q.index] = "gaussian" if sigma < math.sqrt(2.0) * b else "laplace"
+        for q in self.quantities:
+            if q.kind == "quantile":
+                choice[q.index] = "exponential"
         consumers = [q for q in self.quantities if choice[q.index] == "gaussian" or q.is_selection]
         for q in self.quantities:
             q.mechanism = choice[q.index]
@@ -272,7 +302,9 @@ class _Planner:
             for q in consumers:
                 q.delta = self.delta / len(consumers)
         for q in self.quantities:
-            if q.mechanism == "laplace":
+            if q.mechanism == "exponential":
+                q.scale = 2.0 * q.rows / q.group_epsilon  # the temperature at level 0 or 1, in rows
+            elif q.mechanism == "laplace":
                 q.scale = cal.laplace_scale(q.l1, q.epsilon)
             else:
                 q.scale = self._gaussian_scale(q, q.epsilon, q.delta)
@@ -295,6 +327,10 @@ class _Planner:
         if q.is_selection:
             return MechanismCost(kind="threshold", sensitivity=q.l1, scale=q.scale, epsilon=q.epsilon,
                                  delta=q.delta, rho=None, label=label)
+        if q.mechanism == "exponential":
+            # pure ε-DP (QuantileMechanism: ε/coords per group, coords groups per unit)
+            return MechanismCost(kind="exponential", sensitivity=q.l1, scale=q.scale, epsilon=q.epsilon,
+                                 delta=0.0, rho=None, label=label)
         if q.mechanism == "laplace":
             return LaplaceMechanism(q.scale, True).cost(q.l1, q.epsilon, label=label)
         if q.multi_coordinate:

@@ -123,6 +123,18 @@ CASES = [
     ("SELECT COUNT(*) AS n FROM {d}.customer WHERE EXISTS (SELECT * FROM {d}.orders WHERE o_totalprice > 1e11)", 0.0),
     ("SELECT COUNT(*) AS n FROM (SELECT o_status, MAX(o_totalprice) AS m FROM {d}.orders GROUP BY o_status) x "
      "WHERE m > 1e11", 0.0),
+    # quantiles (issue 15): unit 42's extreme values and its own nation, through the exponential mechanism
+    ("SELECT median(o_totalprice) AS m, MAX(o_totalprice) AS hi, MIN(o_totalprice) AS lo FROM {d}.orders", 0.0),
+    ("SELECT n_name, MAX(c_acctbal) AS hi, quantile(0.99)(c_acctbal) AS p99 FROM {d}.customer c JOIN {d}.nation n "
+     "ON c.c_nationkey = n.n_nationkey GROUP BY n_name", 0.0),
+    ("SELECT quantiles(0.01, 0.5, 0.99)(l_quantity) AS qs FROM {d}.lineitem l JOIN {d}.orders o "
+     "ON l.l_orderkey = o.o_orderkey", 0.0),
+    ("SELECT median(intDiv(l_price, l_quantity - 1e8)) AS m FROM {d}.lineitem", 0.0),
+    ("SELECT o_orderkey, MAX(l_price) AS m FROM {d}.lineitem l JOIN {d}.orders o ON l.l_orderkey = o.o_orderkey "
+     "GROUP BY o_orderkey", 1e-6),
+    ("SELECT COUNT(*) AS n FROM {d}.orders HAVING median(o_totalprice) > 1e11", 0.0),
+    ("SELECT quantile(c_acctbal)(c_acctbal) AS q FROM {d}.customer", 0.0),
+    ("SELECT quantileExact(0.5)(c_acctbal) AS q FROM {d}.customer", 0.0),
 ]
 
 

@@ -66,3 +66,8 @@ SELECT SUM(qty) FROM t_controller.rowlevel WHERE flag
 SELECT COUNT(*), AVG(age) FROM t_controller.subst
 SELECT region, SUM(amount) FROM t_controller.subst GROUP BY region
 SELECT category, COUNT(DISTINCT user_id) FROM t_controller.subst GROUP BY category
+SELECT MIN(amount) AS lo, MAX(amount) AS hi FROM t_controller.purchases -- delta=0
+SELECT median(amount) AS m, quantile(0.9)(price) AS p90 FROM t_controller.purchases -- delta=0
+SELECT region, quantiles(0.1, 0.5, 0.9)(amount) AS qs, COUNT(*) AS n FROM t_controller.purchases GROUP BY region -- delta=0
+SELECT category, median(qty) AS m FROM t_controller.events GROUP BY category
+SELECT region, MAX(amount) - MIN(amount) AS spread FROM t_controller.rowlevel GROUP BY region -- delta=0
