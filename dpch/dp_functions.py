@@ -13,6 +13,8 @@ contribution bounding and bounds, and charged to the ledger:
 | ``dp_count_gaussian(eps, delta)`` | ``COUNT(*)`` | eps, delta (Gaussian) |
 | ``dp_sum_gaussian(x, lo, hi, eps, delta)`` | ``SUM(least(greatest(x, lo), hi))`` | eps, delta |
 | ``dp_avg_gaussian(x, lo, hi, eps, delta)`` | ``AVG(least(greatest(x, lo), hi))`` | eps, delta |
+| ``dp_quantile(x, q, lo, hi, eps)`` | ``quantile(q)(least(greatest(x, lo), hi))`` | eps |
+| ``dp_median(x, lo, hi, eps)`` | ``median(least(greatest(x, lo), hi))`` | eps |
 
 Bounds: the controller clips every column to its catalog bounds and derives the per-row interval
 by interval arithmetic, so ``least(greatest(x, lo), hi)`` has the interval
@@ -48,8 +50,10 @@ DP_FUNCTIONS = {
     "dp_count_gaussian": ("COUNT", 0, True),
     "dp_sum_gaussian": ("SUM", 1, True),
     "dp_avg_gaussian": ("AVG", 1, True),
+    "dp_quantile": ("QUANTILE", 1, False),
+    "dp_median": ("MEDIAN", 1, False),
 }
-_QUANTITIES = {"COUNT": 1, "SUM": 1, "AVG": 2}
+_QUANTITIES = {"COUNT": 1, "SUM": 1, "AVG": 2, "QUANTILE": 1, "MEDIAN": 1}
 
 
 @dataclass
@@ -120,6 +124,13 @@ def _convert(call: exp.Anonymous) -> tuple[exp.Expression, DPCall]:
                             f"use {', '.join(sorted(DP_FUNCTIONS))} or plain aggregates with SETTINGS dpch_epsilon")
     agg, nvals, gaussian = DP_FUNCTIONS[name]
     args = list(call.expressions)
+    level = None
+    if agg == "QUANTILE":  # dp_quantile(x, q, lo, hi, eps): take q out, the rest is laid out like dp_sum
+        if len(args) != 5:
+            raise QueryRejected(f"{name} takes (x, q, lo, hi, eps); got {len(args)} argument(s)")
+        level = _number(args.pop(1), "q", name)
+        if not 0.0 <= level <= 1.0:
+            raise InvalidParameter(f"{name}: q must be in [0, 1]")
     nparams = (2 if nvals else 0) + (2 if gaussian else 1)
     if len(args) != nvals + nparams:
         sig = {"dp_count": "eps", "dp_count_gaussian": "eps, delta"}.get(name, "x, lo, hi, eps" + (", delta" if gaussian else ""))
@@ -149,7 +160,10 @@ def _convert(call: exp.Anonymous) -> tuple[exp.Expression, DPCall]:
     else:
         clipped = exp.Anonymous(this="least", expressions=[
             exp.Anonymous(this="greatest", expressions=[x.copy(), _literal(lo)]), _literal(hi)])
-        new = exp.Sum(this=clipped) if agg == "SUM" else exp.Avg(this=clipped)
+        if agg in ("QUANTILE", "MEDIAN"):
+            new = exp.Quantile(this=clipped, quantile=_literal(0.5 if level is None else level))
+        else:
+            new = exp.Sum(this=clipped) if agg == "SUM" else exp.Avg(this=clipped)
     return new, DPCall(name, agg, eps, delta, gaussian, lo, hi)
 
 

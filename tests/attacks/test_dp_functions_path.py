@@ -29,6 +29,13 @@ CASES = [
     ("decimal_cast", "SELECT dp_sum(CAST(price AS Int8), 0, 10, 1.0) AS s FROM {t}", "k1", 0.0),
     ("count_if_cond", "SELECT region, dp_count(1.0) AS n FROM {t} WHERE (user_id = 42) * (amount > 500) = 1 "
                       "GROUP BY region", "k1", 0.0),
+    # quantiles (issue 15): unit 42's extreme rows and run-time errors planted in the value
+    ("median_extreme", "SELECT dp_median(amount, 0, 1000, 1.0) AS m, dp_quantile(amount, 1, 0, 1e6, 1.0) AS mx "
+                       "FROM {t}", "k1", 0.0),
+    ("quantile_intdiv", "SELECT region, dp_quantile(intDiv(qty, qty - qty), 0.5, 0, 10, 1.0) AS q FROM {t} "
+                        "GROUP BY region", "k3", 1e-6),
+    ("quantile_bad_q", "SELECT dp_quantile(amount, 1.5, 0, 10, 1.0) AS q FROM {t}", "k1", 0.0),
+    ("median_string", "SELECT dp_median(name, 0, 10, 1.0) AS m FROM {t}", "k1", 0.0),
 ]
 
 
