@@ -9,8 +9,6 @@ fixtures, including the heavy unit 0 (1000 rows in every group).
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from dpch.bind import bind
