@@ -15,7 +15,14 @@ Measured, at confidence 0.95 (the CLI default) and `--samples` per side:
    (ε_LB ≤ ε expected; at confidence 0.95 a correct mechanism is flagged with probability ≤ 5%
    per audit, so the table also shows how far below ε each bound is);
 3. the deliberately broken fixtures of tests/fixtures_broken.py (expected: VIOLATION);
-4. wall time of each audit (worst-case search, sampling, analysis), target < 60 s.
+4. wall time of each audit (worst-case search, sampling, analysis), target < 60 s;
+5. quantiles: dp_median, dp_quantile(x, 0.9, …) and dp_quantiles(x, [0.25, 0.5], …) at
+   ε ∈ {0.5, 1, 2} on the neighbouring datasets of dpch/audit/designs.py (ε_LB against ε and
+   against the exact privacy loss of the design's event), dp_median on the synthetic purchases
+   (the neighbour searched), and the broken quantiles (temperature halved, raw argmax).
+
+    python3 bench/bench_audit.py --quantiles-only                   # only 5., merged into
+    python3 bench/bench_audit.py --quantiles-only --quantile-eps 1  # bench/out/audit.json
 """
 from __future__ import annotations
 
@@ -34,11 +41,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # UDF children
 
+import math  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import dpch  # noqa: E402
-from dpch.audit import audit  # noqa: E402
+from dpch.audit import audit, quantile_design  # noqa: E402
 
 SECTION = "## Audit"
 DB = "bench_audit"
@@ -149,6 +158,67 @@ def run(args) -> dict:
     return out
 
 
+QUANTILE_FUNCTIONS = (
+    ("dp_median", 0.5, "SELECT dp_median(x, 0, 100, {e}) AS m FROM {t}"),
+    ("dp_quantile q=0.9", 0.9, "SELECT dp_quantile(x, 0.9, 0, 100, {e}) AS q FROM {t}"),
+    ("dp_quantiles [0.25, 0.5]", [0.25, 0.5], "SELECT dp_quantiles(x, [0.25, 0.5], 0, 100, {e}) AS q FROM {t}"),
+)
+
+
+def run_quantiles(args) -> dict:
+    """5. Quantile audits on the designs of dpch.audit.designs (the design's row removed)."""
+    import fixtures_broken as fx
+
+    rows, broken = [], []
+    table = f"{DB}.quantile_design"
+    common = dict(samples=args.samples, confidence=args.confidence, database=DB)
+    with dpch.connect(BENCH / "data" / "audit", analyst="bench") as db:
+        db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+        for eps in args.quantile_eps:
+            for label, levels, tmpl in QUANTILE_FUNCTIONS:
+                d = quantile_design(levels, 0, 100, eps)
+                d.create_table(db, table)
+                p, p_prime = d.event_probabilities()
+                t = time.perf_counter()
+                r = audit(db, tmpl.format(e=eps, t=table), epsilon=eps, where=d.where(), pilot=0, **common)
+                rows.append(row(r, label, wall=time.perf_counter() - t, design_loss=math.log(p / p_prime),
+                                p_d=p, p_dprime=p_prime, design=d.describe()))
+                log(f"{label} ε={eps}: ε_LB {r.epsilon_lb:.3f} (design event {math.log(p / p_prime):.3f}) "
+                    f"{r.verdict} ({rows[-1]['wall']:.1f} s)")
+        if "1.0" in {f"{e:.1f}" for e in args.quantile_eps}:
+            make_data(db, args.rows, args.users)
+            t = time.perf_counter()
+            r = audit(db, f"SELECT dp_median(amount, 0, 500, 1.0) AS m FROM {SRC}", epsilon=1.0,
+                      neighbour="remove-row", **common)
+            rows.append(row(r, "dp_median on purchases (searched)", wall=time.perf_counter() - t))
+            log(f"dp_median on purchases: ε_LB {r.epsilon_lb:.3f} {r.verdict} ({rows[-1]['wall']:.1f} s)")
+            d = quantile_design(0.5, 0, 100, 1.0)
+            d.create_table(db, table)
+            t = time.perf_counter()
+            r = audit(db, fx.SQL_QUANTILE_HALF_TEMPERATURE.format(lo=0, hi=100, q=0.5, eps=1.0, table=table),
+                      epsilon=1.0, where=d.where(), pilot=0, **common)
+            broken.append(row(r, "SQL: dp_median with the temperature halved (2ε)", wall=time.perf_counter() - t))
+            log(f"{broken[-1]['label']}: ε_LB {r.epsilon_lb:.3f} {r.verdict}")
+    d = quantile_design(0.5, 0, 100, 1.0)
+    frame = d.frame()
+    t = time.perf_counter()
+    r = audit(fx.broken_quantile_argmax(0.5, 0, 100, 1.0), data=frame, epsilon=1.0,
+              where=np.asarray(frame["x"] == d.removed_value), pilot=0, samples=args.samples,
+              confidence=args.confidence)
+    broken.append(row(r, "Python: quantile by the raw argmax (no noise)", wall=time.perf_counter() - t))
+    log(f"{broken[-1]['label']}: ε_LB {r.epsilon_lb:.3f} {r.verdict}")
+    return {"quantiles": rows, "quantiles_broken": broken, "quantile_samples": args.samples}
+
+
+def merge_quantiles(data: dict, new: dict) -> dict:
+    """Replace the rows of `data` that `new` measured again (same label and ε), keep the others."""
+    for key in ("quantiles", "quantiles_broken"):
+        fresh = {(r["label"], r["epsilon"]) for r in new.get(key, [])}
+        data[key] = [r for r in data.get(key, []) if (r["label"], r["epsilon"]) not in fresh] + new.get(key, [])
+    data["quantile_samples"] = new.get("quantile_samples", data.get("quantile_samples"))
+    return data
+
+
 def render(data: dict) -> str:
     n, conf = data["samples"], data["confidence"]
     lines = [SECTION, "",
@@ -202,6 +272,30 @@ def render(data: dict) -> str:
                          f"{b['verdict']} | {b['wall']:.1f} |")
         lines += ["", "ε_LB of a mechanism with no overlap between D and D′ outputs is capped by the sample "
                   "size: ln(n_B / ln(2m/α)) ≈ 7.6 with 10 000 held-out samples per side.", ""]
+    quant = data.get("quantiles", [])
+    if quant:
+        qn = data.get("quantile_samples", n)
+        lines += ["### Quantiles (dp_median, dp_quantile, dp_quantiles)", "",
+                  f"`python3 bench/bench_audit.py --quantiles-only` — {qn:,} samples per side, confidence "
+                  f"{conf}, remove-row. D and D′: `dpch.audit.quantile_design` (docs/AUDIT.md, \"Quantiles\"); "
+                  "'design' is the exact privacy loss ln(P_D(Y)/P_D′(Y)) of its event, the most the audit "
+                  "can certify with that event.", "",
+                  "| function | ε | design | ε_LB | by method (search / logistic / boosting) | verdict | time (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for q in sorted(quant, key=lambda r: (r["label"], r["epsilon"])):
+            design = f"{q['design_loss']:.3f}" if "design_loss" in q else "—"
+            methods = " / ".join(f"{v:.3f}" for v in q["by_method"].values())
+            lines.append(f"| {q['label']} | {q['epsilon']:g} | {design} | {q['epsilon_lb']:.3f} | {methods} | "
+                         f"{q['verdict']} | {q['wall']:.0f} |")
+        lines.append("")
+        qb = data.get("quantiles_broken", [])
+        if qb:
+            lines += ["| broken quantile (tests/fixtures_broken.py) | claimed ε | ε_LB | verdict | time (s) |",
+                      "|---|---|---|---|---|"]
+            for b in qb:
+                lines.append(f"| {b['label']} | {b['epsilon']:g} | {b['epsilon_lb']:.3f} | {b['verdict']} | "
+                             f"{b['wall']:.1f} |")
+            lines.append("")
     all_runs = power + grid + broken
     if all_runs:
         worst = max(all_runs, key=lambda r: r["wall"])
@@ -242,13 +336,26 @@ def main() -> int:
     ap.add_argument("--users", type=int, default=300)
     ap.add_argument("--skip-grid", action="store_true", help="skip the no-false-alarm grid")
     ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md from bench/out/audit.json")
+    ap.add_argument("--quantiles-only", action="store_true",
+                    help="run only the quantile audits (5.) and merge them into bench/out/audit.json")
+    ap.add_argument("--quantile-eps", type=lambda v: [float(x) for x in v.split(",")], default=[0.5, 1.0, 2.0],
+                    help="comma-separated ε of the quantile audits (default 0.5,1,2)")
     ap.add_argument("--results-md", type=Path, default=BENCH / "RESULTS.md")
     args = ap.parse_args()
     out_json = BENCH / "out" / "audit.json"
     if args.report_only:
         data = json.loads(out_json.read_text())
+    elif args.quantiles_only:
+        old = json.loads(out_json.read_text()) if out_json.exists() else {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "platform": platform.platform()},
+            "samples": args.samples, "confidence": args.confidence}
+        data = merge_quantiles(old, run_quantiles(args))
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(data, indent=2, default=float))
     else:
         data = run(args)
+        data.update(run_quantiles(args))
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(data, indent=2, default=float))
         copy_plots()

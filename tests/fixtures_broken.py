@@ -123,3 +123,66 @@ SQL_HALF_SENSITIVITY = ("SELECT dpch_laplace(sum(least(greatest(toFloat64(amount
 SQL_ONE_SIDED_CLIP = ("SELECT dpch_laplace(sum(least(toFloat64(amount), 500.)), 500. / {eps}) AS s "
                       "FROM {table}")
 """BROKEN: clipping skipped on the lower side."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantiles (dp_median / dp_quantile / dp_quantiles: dpch.mechanisms.QuantileMechanism)
+# ---------------------------------------------------------------------------------------------
+QUANTILE_BUCKETS = 1 << 16
+QUANTILE_SCALE = 1 << 20
+
+
+def quantile_histogram(values, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """The sparse histogram of dpch_quantile_histogram: bucket floor((x − lo)/(hi − lo)·2^16)
+    clamped to the grid; (ascending keys, counts)."""
+    x = np.asarray(values, dtype=float)
+    b = np.clip(np.floor((x - lo) / (hi - lo) * QUANTILE_BUCKETS), 0, QUANTILE_BUCKETS - 1)
+    keys, counts = np.unique(b.astype(np.int64), return_counts=True)
+    return keys, counts
+
+
+def quantile_midpoint(bucket, lo: float, hi: float):
+    """The released value of a bucket (dpch_quantile_value)."""
+    return np.clip(lo + (np.asarray(bucket, dtype=float) + 0.5) * ((hi - lo) / QUANTILE_BUCKETS), lo, hi)
+
+
+def kernel_quantile(q: float, lo: float, hi: float, eps: float, column: str = "x"):
+    """CORRECT: dp_quantile(x, q, lo, hi, eps) through the kernel (QuantileMechanism.sample, the
+    code path of the SQL function's UDF): ε-DP under add/remove-one-row."""
+    from dpch.mechanisms import QuantileMechanism
+
+    mech = QuantileMechanism(eps)
+
+    def mechanism(df, n):
+        keys, counts = quantile_histogram(df[column], lo, hi)
+        chosen = mech.sample(keys, counts, QUANTILE_BUCKETS, [q], n)
+        return quantile_midpoint([c[0] for c in chosen], lo, hi)
+    mechanism.__name__ = f"kernel_quantile(q={q}, eps={eps})"
+    return mechanism
+
+
+def broken_quantile_argmax(q: float, lo: float, hi: float, eps: float, column: str = "x"):
+    """BROKEN: the bucket of the best score, no noise (the exponential mechanism's argmax; ties go
+    to the lowest bucket). It claims ε but is deterministic: whenever one removed row moves the
+    best bucket, D and D′ are told apart with certainty."""
+    a = round(q * QUANTILE_SCALE)
+
+    def mechanism(df, n):
+        keys, counts = quantile_histogram(df[column], lo, hi)
+        dense = np.zeros(QUANTILE_BUCKETS, dtype=np.int64)
+        dense[keys] = counts
+        below = np.cumsum(dense) - dense
+        above = int(dense.sum()) - below - dense
+        score = -np.abs((QUANTILE_SCALE - a) * below - a * above)
+        return np.full(n, quantile_midpoint(int(np.argmax(score)), lo, hi))
+    mechanism.__name__ = f"broken_quantile_argmax(q={q}, eps={eps})"
+    return mechanism
+
+
+SQL_QUANTILE_HALF_TEMPERATURE = (
+    "SELECT arrayElement(arrayMap(b -> dpch_quantile_value(b, {lo}, {hi}), dpch_quantiles("
+    "tupleElement(dpch_quantile_histogram(x, {lo}, {hi}), 1), "
+    "tupleElement(dpch_quantile_histogram(x, {lo}, {hi}), 2), toUInt32(65536), [{q}], "
+    "toFloat64({eps}) * 2, toUInt64(1))), 1) AS v FROM {table}")
+"""BROKEN: dp_quantile through the real UDF with the temperature halved (the kernel is asked for
+2ε): permute-and-flip at temperature Δ/ε is 2ε-DP, not ε-DP."""

@@ -36,7 +36,11 @@ from sqlglot import exp
 
 REP = "__rep"
 ROW = "__row"
-NOISE_FUNCTIONS = {"dpch_laplace", "dpch_laplace_int", "dpch_gaussian", "dpch_gaussian_int"}
+NOISE_FUNCTIONS = {"dpch_laplace", "dpch_laplace_int", "dpch_gaussian", "dpch_gaussian_int",
+                   "dpch_quantiles"}
+# SQL functions (clickhouse_config/user_defined/) that hide an aggregate: a query calling one is an
+# aggregation even though sqlglot sees a plain function call.
+AGGREGATE_HELPERS = {"dpch_sum_units", "dpch_quantile_histogram", "dpch_quantiles_of"}
 DIALECT = "clickhouse"
 
 
@@ -49,9 +53,9 @@ def _is_aggregate_call(node: exp.Expression) -> bool:
         return True
     if isinstance(node, exp.Anonymous):
         name = str(node.this).lower()
-        # SQL functions with aggregates inside (the public dp_* functions and the helper below)
+        # SQL functions with aggregates inside (the public dp_* functions and AGGREGATE_HELPERS)
         # and parametric aggregates (see `parse`).
-        return name.startswith(("dp_", "dpchp_")) or name == "dpch_sum_units"
+        return name.startswith(("dp_", "dpchp_")) or name in AGGREGATE_HELPERS
     return False
 
 
@@ -488,10 +492,43 @@ def draw_sql(run: Callable[[str], pd.DataFrame], sql: str, table_map: dict[str, 
     return SampleSet(frame, n, vectorise)
 
 
+def _is_array(value) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
+def expand_arrays(sides: list[SampleSet], outputs: list[str]) -> tuple[list[SampleSet], list[str]]:
+    """Array-valued outputs (e.g. `dp_quantiles`, one released value per level) become one output
+    column per element, `c[1]`, `c[2]`, … (ClickHouse's 1-based element syntax). A run whose array
+    is shorter (or NULL) has NaN in the missing elements, so its length becomes a feature too."""
+    arrays = [c for c in outputs
+              if any(c in s.frame and s.frame[c].map(_is_array).any() for s in sides)]
+    if not arrays:
+        return sides, outputs
+    width = {c: max((int(s.frame[c].map(lambda v: len(v) if _is_array(v) else 0).max())
+                     for s in sides if c in s.frame and len(s.frame)), default=0) for c in arrays}
+    new_sides = []
+    for s in sides:
+        f = s.frame.copy()
+        for c in arrays:
+            if c not in f:
+                continue
+            for i in range(width[c]):
+                f[f"{c}[{i + 1}]"] = [float(v[i]) if _is_array(v) and i < len(v) and v[i] is not None
+                                     else np.nan for v in f[c]]
+            f = f.drop(columns=c)
+        new_sides.append(SampleSet(f, s.n, s.vectorised))
+    new_outputs = []
+    for c in outputs:
+        new_outputs += [f"{c}[{i + 1}]" for i in range(width[c])] if c in arrays else [c]
+    return new_sides, new_outputs
+
+
 def to_matrix(sides: list[SampleSet], keys: list[str], outputs: list[str]):
     """Pivot result rows into one (n × k) float matrix per side over a common set of coordinates
     (output column × group key × row number within the key). A coordinate missing from a run
-    (e.g. a group suppressed by thresholding) is NaN."""
+    (e.g. a group suppressed by thresholding) is NaN. Array outputs are expanded first
+    (`expand_arrays`)."""
+    sides, outputs = expand_arrays(sides, outputs)
     numeric_outputs, extra_keys = [], []
     for c in outputs:
         if all(pd.api.types.is_numeric_dtype(s.frame[c]) or pd.api.types.is_bool_dtype(s.frame[c])

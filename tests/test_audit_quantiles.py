@@ -1,0 +1,242 @@
+"""Audits of the quantile functions (issue 15): dp_median, dp_quantile and dp_quantiles through the
+engine, the kernel through a Python callable, and two deliberately broken quantiles (tests/
+fixtures_broken.py: the temperature halved, and the raw argmax).
+
+D and D′ are the design of dpch/audit/designs.py: two walls of rows around one row Y and m empty
+buckets E, so that removing one row of a wall lowers Y's score by one unit and raises E's by one;
+permute-and-flip then chooses Y with probability 0.40 on D and 0.15 on D′ at ε = 1 (privacy loss
+0.976, exact: `QuantileDesign.event_probabilities`).
+
+False alarms (a correct mechanism reported as a VIOLATION) are bounded as in test_audit_engine.py:
+every audit of a correct mechanism runs at confidence 1 − α, α = 1e-8; its m = 3 events are chosen
+on the selection half and certified on the held-out half with 2m one-sided Clopper–Pearson bounds
+at α/(2m), so Pr[VIOLATION] ≤ α by the union bound (dpch/audit/analysis.py). This module runs 7
+such audits (8 at most, with the one retry): below 8e-8 < 1e-6 in total.
+
+Power checks (ε_LB large enough, broken fixtures flagged) were computed, not guessed: the output of
+a design is one of a few buckets, whose exact joint distribution on D and D′ comes from
+dpch.mechanisms.QuantileMechanism; the audit's threshold/interval selection was simulated on draws
+from it (300 simulated selections per check, with the α split of the real three-method audit) and,
+for each selected event, the exact probability (two binomials) that its certificate misses the
+threshold was summed. Every simulated selection picked the event {output = Y's midpoint}, so the
+figure below is that event's exact failure probability. ε_LB is the maximum over the three methods,
+so the search alone bounds the failure probability from above.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import fixtures_broken as fx
+import numpy as np
+import pytest
+from audit_retry import best_of
+
+from dpch.audit import audit, quantile_design
+
+ALPHA = 1e-8
+CONF = 1 - ALPHA
+DB = "t_audit_q"
+LO, HI = 0.0, 100.0
+
+
+@pytest.fixture(scope="module")
+def qeng(db):
+    db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    return db
+
+
+def _table(eng, name, design):
+    table = f"{DB}.{name}"
+    design.create_table(eng, table)
+    return table
+
+
+def _share_at(outputs, design, stage=0):
+    """Share of the runs whose released value of the design's chain level `stage` is Y's
+    midpoint."""
+    col = list(design.levels).index(design.stages[stage].level)
+    return float(np.mean(outputs[:, col] == design.midpoint(design.stages[stage].favoured)))
+
+
+def _within(share, p, n, sds=6.5):
+    """|share − p| within `sds` binomial standard deviations. For n = 1000 and every probability
+    checked here (0.038 to 0.42) the exact binomial tail beyond 6.5 s.d. is below 4e-9 (largest at
+    p = 0.038); the module makes 10 such checks."""
+    return abs(share - p) <= sds * math.sqrt(p * (1 - p) / n)
+
+
+@pytest.mark.parametrize("levels", [0.1, 0.3, 0.5, 0.9, 0.95, [0.25, 0.5], [0.25, 0.5, 0.75]])
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
+def test_design_is_permute_and_flip_over_y_and_e(levels, eps):
+    """The design does what dpch/audit/designs.py claims, checked against the closed form of
+    permute-and-flip over 1 + m candidates (McKenna & Sheldon 2020): at each depth of the chain
+    (ε/depth each, g = e^(−ε/(2·depth))), Y is chosen with probability ∫₀¹(1 − g·t)^m dt =
+    (1 − (1 − g)^(m+1))/((m + 1)g) on D and g/(m + 1) on D′, independently across depths. The
+    exact probabilities come from dpch.mechanisms.QuantileMechanism (not from the design's own
+    arithmetic); the tolerance 5e-4 covers the rounding of the levels to multiples of 2^-20
+    (at most 1.1e-4 measured). Deterministic."""
+    d = quantile_design(levels, LO, HI, eps)
+    depth = len(set(d.levels)).bit_length()
+    g = math.exp(-eps / depth / 2)
+    want_d = want_dp = 1.0
+    for stage in d.stages:
+        m = len(stage.improving)
+        want_d *= (1 - (1 - g) ** (m + 1)) / ((m + 1) * g)
+        want_dp *= g / (m + 1)
+    p, p_prime = d.event_probabilities()
+    assert p == pytest.approx(want_d, abs=5e-4) and p_prime == pytest.approx(want_dp, abs=5e-4)
+    chain = 2 if levels in ([0.25, 0.5], [0.25, 0.5, 0.75]) else 1
+    assert len(d.stages) == chain
+    # the privacy loss of the event is close to ε when the chain covers every depth
+    assert math.log(p / p_prime) >= 0.9 * eps
+    assert d.rows == len(d.values()) and d.values().count(d.removed_value) == 1
+
+
+def test_median_is_consistent_and_the_bound_is_tight(qeng):
+    """dp_median at ε = 1 on the median design, the neighbour left to the worst-case search.
+
+    No false alarm: confidence 1 − 1e-8 (module docstring; best_of runs at most 2 audits).
+    Search: it must pick the smallest row (the first row is the same row: the table is stored in
+    ascending order); removing the largest moves Y and E together and leaves the output
+    distribution as it is on D. With 600 pilot runs per candidate, 20 000 simulated pilots (exact
+    output distributions, `dpch.audit.api._pilot_score`) never preferred the largest row.
+    Power: with 2000 held-out samples per side the event {m = Y} certifies ≈ 0.51 at this
+    confidence (0.82 at confidence 0.95, 0.89 with the CLI's default 20 000 samples); it misses
+    0.25 with probability 3.6e-7 (exact, see the module docstring). One audit thus fails either
+    check with probability below ≈ 1.5e-4 (the simulated pilots' 95% upper bound); best of 2:
+    below 2.3e-8."""
+    d = quantile_design(0.5, LO, HI, 1.0)
+    t = _table(qeng, "median", d)
+    nearest = ("remove the row with the smallest `x`", "remove the first row")
+    r = best_of(2, lambda: audit(qeng, f"SELECT dp_median(x, {LO}, {HI}, 1.0) AS m FROM {t}",
+                                 epsilon=1.0, samples=4000, confidence=CONF, pilot=600, database=DB),
+                lambda r: r.epsilon_lb >= 0.25 and r.neighbour in nearest)
+    assert r.verdict == "consistent", r.text()
+    assert 0.25 <= r.epsilon_lb <= 1.0, r.text()
+    assert r.neighbour in nearest, r.text()
+    assert r.analysis.names == ["m"]
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0])
+def test_median_other_epsilons_no_false_alarm(qeng, eps):
+    """dp_median at ε = 0.5 and 2 on their designs: consistent at confidence 1 − 1e-8, and the
+    audit really ran the mechanism on D and D′: the share of runs at Y matches the exact
+    probabilities (6.5 s.d.: see `_within`)."""
+    d = quantile_design(0.5, LO, HI, eps)
+    t = _table(qeng, "median", d)
+    r = audit(qeng, f"SELECT dp_median(x, {LO}, {HI}, {eps}) AS m FROM {t}", epsilon=eps,
+              samples=1000, confidence=CONF, where=d.where(), pilot=0, database=DB)
+    assert r.verdict == "consistent", r.text()
+    p, p_prime = d.event_probabilities()
+    assert _within(_share_at(r.outputs_d, d), p, 1000), (_share_at(r.outputs_d, d), p)
+    assert _within(_share_at(r.outputs_dprime, d), p_prime, 1000), (_share_at(r.outputs_dprime, d), p_prime)
+
+
+@pytest.mark.parametrize("levels,sql", [
+    ([0.9], "SELECT dp_quantile(x, 0.9, {lo}, {hi}, 1.0) AS q FROM {t}"),
+    ([0.25, 0.5], "SELECT dp_quantiles(x, [0.25, 0.5], {lo}, {hi}, 1.0) AS q FROM {t}"),
+], ids=["dp_quantile_0.9", "dp_quantiles"])
+def test_quantile_functions_no_false_alarm(qeng, levels, sql):
+    """dp_quantile(x, 0.9, …) and dp_quantiles(x, [0.25, 0.5], …) at ε = 1 on their designs, the
+    design's row removed: consistent at confidence 1 − 1e-8. The array of dp_quantiles is audited as one coordinate per
+    level (q[1], q[2]). The share of runs at the design's Y (for dp_quantiles: both levels at their
+    Y, the chain's joint event) matches the exact probabilities within 6.5 s.d. (`_within`)."""
+    d = quantile_design(levels, LO, HI, 1.0)
+    t = _table(qeng, "quantile", d)
+    r = audit(qeng, sql.format(lo=LO, hi=HI, t=t), epsilon=1.0, samples=1000, confidence=CONF,
+              where=d.where(), pilot=0, database=DB)
+    assert r.verdict == "consistent", r.text()
+    assert r.analysis.names == (["q"] if len(levels) == 1 else ["q[1]", "q[2]"])
+    assert d.removed_side == ("largest" if levels == [0.9] else "smallest")
+    p, p_prime = d.event_probabilities()
+
+    def joint(out):
+        return float(np.mean(np.all([out[:, list(d.levels).index(s.level)] == d.midpoint(s.favoured)
+                                     for s in d.stages], axis=0)))
+    assert _within(joint(r.outputs_d), p, 1000), (joint(r.outputs_d), p)
+    assert _within(joint(r.outputs_dprime), p_prime, 1000), (joint(r.outputs_dprime), p_prime)
+    lo_seen = min(np.nanmin(r.outputs_d), np.nanmin(r.outputs_dprime))
+    hi_seen = max(np.nanmax(r.outputs_d), np.nanmax(r.outputs_dprime))
+    assert LO <= lo_seen and hi_seen <= HI
+
+
+def test_broken_half_temperature_is_a_violation(qeng):
+    """tests/fixtures_broken.SQL_QUANTILE_HALF_TEMPERATURE: the real UDF asked for 2ε, claiming ε = 1,
+    on the design built for the claim (ε = 1). At the true 2ε the event {v = Y} has probability
+    0.571 on D and 0.092 on D′ (privacy loss 1.83); with 1500 held-out samples per side at
+    confidence 1 − 1e-3 its certificate misses 1 with probability 4.7e-13 (exact, see the module
+    docstring)."""
+    d = quantile_design(0.5, LO, HI, 1.0)
+    t = _table(qeng, "median", d)
+    sql = fx.SQL_QUANTILE_HALF_TEMPERATURE.format(lo=LO, hi=HI, q=0.5, eps=1.0, table=t)
+    r = audit(qeng, sql, epsilon=1.0, samples=3000, confidence=1 - 1e-3, where=d.where(), pilot=0,
+              database=DB)
+    # vectorised: the UDF called directly is threaded like dp_median (no per-sample loop)
+    assert not any("once per sample" in n for n in r.notes), r.notes
+    assert r.verdict == "VIOLATION", r.text()
+    assert r.epsilon_lb > 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Python callables: the kernel, and the raw argmax
+# ---------------------------------------------------------------------------------------------
+def test_kernel_quantile_callable_no_false_alarm():
+    """The kernel (QuantileMechanism.sample) as a Python mechanism on the 0.9 design's DataFrame:
+    consistent at confidence 1 − 1e-8, and the shares at Y on D and D′ match the exact
+    probabilities within 6.5 s.d. (`_within`)."""
+    d = quantile_design(0.9, LO, HI, 1.0)
+    frame = d.frame()
+    r = audit(fx.kernel_quantile(0.9, LO, HI, 1.0), data=frame, epsilon=1.0, samples=1000,
+              confidence=CONF, where=np.asarray(frame["x"] == d.removed_value), pilot=0)
+    assert r.verdict == "consistent", r.text()
+    p, p_prime = d.event_probabilities()
+    assert _within(_share_at(r.outputs_d, d), p, 1000)
+    assert _within(_share_at(r.outputs_dprime, d), p_prime, 1000)
+
+
+def test_broken_argmax_is_a_violation():
+    """fixtures_broken.broken_quantile_argmax: no noise. On the median design the best bucket is Y
+    on D and the first bucket of E on D′ (a tie broken low), so every output differs: with 200
+    held-out samples per side the certificate is ln((α/6)^(1/200) / (1 − (α/6)^(1/200))) = 2.2 at
+    α = 1e-8 with certainty (no randomness at all)."""
+    d = quantile_design(0.5, LO, HI, 1.0)
+    frame = d.frame()
+    r = audit(fx.broken_quantile_argmax(0.5, LO, HI, 1.0), data=frame, epsilon=1.0, samples=400,
+              confidence=CONF, where=np.asarray(frame["x"] == d.removed_value), pilot=0)
+    assert r.verdict == "VIOLATION", r.text()
+    assert r.epsilon_lb > 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI (own process: chDB holds one store per process)
+# ---------------------------------------------------------------------------------------------
+def test_cli_audits_dp_quantiles(tmp_path):
+    """`dpch audit` on dp_quantiles through the CLI: an array output, exit status 0 (consistent at
+    confidence 1 − 1e-8, see the module docstring), the per-level coordinates in the JSON."""
+    import json
+
+    repo = Path(__file__).resolve().parents[1]
+    script = textwrap.dedent(f"""
+        import sys, dpch
+        from dpch.cli import main
+        from dpch.audit import quantile_design
+        db = dpch.connect({str(tmp_path / 'data')!r})
+        quantile_design([0.25, 0.5], 0, 100, 1.0).create_table(db, "default.t")
+        db.close()
+        sys.exit(main(sys.argv[1:]))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, "-c", script, "audit", "--data-dir", str(tmp_path / "data"),
+                          "SELECT dp_quantiles(x, [0.25, 0.5], 0, 100, 1.0) AS q FROM t",
+                          "--epsilon", "1", "--samples", "300", "--pilot", "0",
+                          "--confidence", str(CONF), "--no-progress", "--json",
+                          "--where", "x = " + repr(quantile_design([0.25, 0.5], 0, 100, 1.0).removed_value)],
+                         check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["verdict"] == "consistent" and doc["coordinates"] == ["q[1]", "q[2]"]
