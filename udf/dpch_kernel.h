@@ -326,12 +326,20 @@ static inline int64_t dpch_qscore_at(const dpch_qscore *z, uint64_t b) {
     return f < 0 ? f : -f;
 }
 
-/* The bucket in [c0, c1] chosen by permute-and-flip at temperature t/s (as dpch_permute_flip).
- * The best score is found by bisection (the signed score is monotone); candidates are drawn
- * lazily by Fisher-Yates into perm[c1 - c0 + 1] and scored by binary search in the histogram,
- * so a call costs O(visited candidates * log m). */
+/* The bucket in [c0, c1] chosen by permute-and-flip at temperature t/s (as dpch_permute_flip),
+ * in a form whose work does not depend on the data: every candidate's coin is flipped
+ * (Bernoulli(exp(-(u* - u_b) s / t)), exact) in one sweep over the buckets, and the output is a
+ * uniformly random candidate among those whose coin came up (reservoir sampling with exact
+ * Bernoulli(1/j)). This is permute-and-flip exactly: visiting the candidates in a uniformly
+ * random order and returning the first success returns a uniform element of the set of
+ * successes, and the coins do not depend on the order. The early-exit form visits about
+ * n / sum(p) candidates, so its running time reveals the scores (a timing side channel measured
+ * by the auditor, docs/AUDIT.md); this one always visits all n = c1 - c0 + 1 buckets. The best
+ * score comes from a bisection (the signed score is monotone), the scores from a linear sweep
+ * over the histogram. `perm` is unused (kept for the interface). */
 static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint64_t c1,
                                         dpch_u128 t, uint64_t s, uint32_t *perm) {
+    (void)perm;
     uint64_t lo = c0, hi = c1 + 1; /* the first b with signed score >= 0, or c1 + 1 */
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
@@ -340,17 +348,37 @@ static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint6
     int64_t best = INT64_MIN;
     if (lo <= c1) best = dpch_qscore_at(z, lo);
     if (lo > c0) { int64_t v = dpch_qscore_at(z, lo - 1); if (v > best) best = v; }
-    uint64_t n = c1 - c0 + 1;
-    for (uint64_t i = 0; i < n; i++) perm[i] = (uint32_t)(c0 + i);
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t j = i + dpch_uniform(n - i);
-        uint32_t r = perm[j];
-        perm[j] = perm[i];
-        perm[i] = r;
-        uint64_t gap = (uint64_t)(best - dpch_qscore_at(z, r));
-        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) return r;
+    /* sweep: L = data in [d0, b), G = data in (b, d1]; idx = the first key >= b */
+    int empty = z->d0 > z->d1;
+    int64_t idx = 0, m = z->m;
+    { int64_t a = 0, e = m; while (a < e) { int64_t mid = a + (e - a) / 2; if ((uint64_t)z->keys[mid] < c0) a = mid + 1; else e = mid; } idx = a; }
+    uint64_t chosen = c0, heads = 0;
+    for (uint64_t b = c0; b <= c1; b++) {
+        while (idx < m && (uint64_t)z->keys[idx] < b) idx++;
+        int64_t f = 0;
+        if (!empty) {
+            uint64_t xb = dpch_clamp_u64(b, z->d0, z->d1 + 1), xb1 = dpch_clamp_u64(b + 1, z->d0, z->d1 + 1);
+            /* cum below xb / xb1: the histogram index moves with b, clamping keeps it in range */
+            uint64_t below_b = (xb == b) ? z->cum[idx] : dpch_hist_below(z->keys, z->cum, m, xb);
+            uint64_t below_b1;
+            if (xb1 == b + 1) {
+                int64_t j = idx;
+                if (j < m && (uint64_t)z->keys[j] == b) j++;
+                below_b1 = z->cum[j];
+            } else {
+                below_b1 = dpch_hist_below(z->keys, z->cum, m, xb1);
+            }
+            uint64_t L = below_b - z->base, G = z->top - below_b1;
+            f = (int64_t)((z->q - z->a) * L) - (int64_t)(z->a * G);
+        }
+        int64_t score = f < 0 ? f : -f;
+        uint64_t gap = (uint64_t)(best - score);
+        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) {
+            heads++;
+            if (heads == 1 || dpch_bern_frac64(1, heads)) chosen = b;
+        }
     }
-    return perm[n - 1]; /* not reached: a maximiser is accepted */
+    return chosen; /* heads >= 1: a maximiser's coin always comes up */
 }
 
 static inline uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1,
