@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch clean
+.PHONY: install demo test bench bench-tpch bench-selection clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -43,6 +43,13 @@ bench-tpch: $(TPCH_STAMP)
 	$(VPY) bench/bench_tpch.py --sf 1 --out bench/out/tpch_sf1.json --markdown bench/out/tpch_sf1.md
 	$(VPY) bench/bench_tpch.py --sf 1 --epsilon 0.8 --queries R2T-Q3,R2T-Q10,R2T-Q18 \
 		--out bench/out/tpch_sf1_r2t.json --markdown bench/out/tpch_sf1_r2t.md
+
+# Partition selection (issue 15): released groups, old Laplace threshold vs the optimal/Gaussian
+# rules, on 1 M units with Zipf keys (store cached in bench/.data/selection; see bench/RESULTS.md).
+bench-selection: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_selection.py --units 1000000 --keys 100000 --repeats 3 \
+		--out bench/out/selection.json --markdown bench/out/selection.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)
