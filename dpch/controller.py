@@ -227,8 +227,9 @@ class Explanation:
             lines.append(f"  {d['key']}: {d['source']}" + (f" ({d['size']} values)" if d.get("size") else ""))
         if self.selection:
             s = self.selection
-            lines.append(f"partition selection: release a group iff noisy distinct units >= {s['threshold']} "
-                         f"(Laplace b={s['noise_scale']:.6g}, ε={s['epsilon']:.6g}, δ={s['delta']:.3g})")
+            lines.append(f"partition selection ({s['rule']} rule, ε={s['epsilon']:.6g}, δ={s['delta']:.3g}, "
+                         f"<= {s['max_new_groups_per_unit']} count(s) moved per unit): release a group iff noisy "
+                         f"distinct units >= {s['threshold']}; {s['description']}; source: {s['source']}")
         lines.append("noisy values:")
         for q in self.quantities:
             if q["kind"] == "quantile":
@@ -308,9 +309,7 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         neighbour=plan.entry.neighbour,
         bounding={"k": b.k, "max_rows": b.max_rows, "rows_per_group": b.rows_per_group, "row_level": b.row_level},
         key_mode=plan.key_mode, key_domains=key_domains,
-        selection=None if sel is None else {"threshold": sel.threshold, "epsilon": sel.epsilon,
-                                            "delta": sel.delta, "noise_scale": sel.scale,
-                                            "max_new_groups_per_unit": sel.new_groups},
+        selection=None if sel is None else sel.summary(),
         quantities=quantities, aggregates=aggregates, outputs=outputs,
         epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
         requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),

@@ -112,7 +112,7 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
         elif out.kind == "aggregate":
             ap = plan.aggregates[out.ref]  # type: ignore[index]
             parts = {role: plan.quantities[qi] for role, qi in ap.roles.items()}
-            mechs = sorted({q.mechanism if not q.is_selection else "laplace" for q in parts.values()})
+            mechs = sorted({q.mechanism for q in parts.values()})
             info.update({
                 "aggregate": ap.call.text,
                 "function": ap.func,
@@ -150,7 +150,7 @@ def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
             "rank_halfwidth": m.rank_halfwidth(len(q.levels), level),
             "shared_with_partition_selection": False,
         }
-    sens = q.l1 if q.mechanism == "laplace" else q.l2
+    sens = q.l1 if q.mechanism in ("laplace", "optimal_selection") else q.l2
     return {
         "mechanism": q.mechanism,
         "noise_scale": q.scale * q.grid,  # b or σ in value units
@@ -196,9 +196,7 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         "delta": plan.cost.delta,
         "confidence": level,
         "key_mode": plan.key_mode,
-        "selection": None if sel is None else {
-            "threshold": sel.threshold, "epsilon": sel.epsilon, "delta": sel.delta,
-            "noise_scale": sel.scale, "max_new_groups_per_unit": sel.new_groups},
+        "selection": None if sel is None else sel.summary(),
         "columns": meta,
         "receipt": getattr(receipt, "id", receipt),
         "sql": rewritten.display_sql,

@@ -3,8 +3,9 @@
 Thresholding test, and how its tolerance was chosen. Table ``t_controller.lonely`` has 2000 groups
 each held by exactly one unit, and one group held by 500 units. With ε = 1, δ = 1e-3 and k = 1 the
 planner gives partition selection δ_sel = 1e-3, so a single-unit group is released with probability
-p <= δ₁ = 1 - (1 - δ_sel)^(1/k) = 1e-3 (exactly p = q^(T-1)/(1+q) for the kernel's discrete Laplace,
-also checked). Every group gets independent noise, so R = 3 runs give n = 6000 independent trials
+p <= δ₁ = 1 - (1 - δ_sel)^(1/k) = 1e-3 (the rule chosen is the optimal one of dpch.plan.selection,
+whose p = π(1) is exact and also checked; the Laplace threshold's formula is checked on its own).
+Every group gets independent noise, so R = 3 runs give n = 6000 independent trials
 and the number X of released lonely groups is stochastically below Binomial(n, δ₁). The test fails
 iff X >= c with c the least integer such that P[Binomial(n, δ₁) >= c] < 1e-6 (computed with scipy),
 so a correct implementation fails with probability below 1e-6. The 500-unit group must be released
@@ -43,7 +44,7 @@ def test_thresholding_releases_single_unit_groups_rarely(kdb):
     sel = prepared.plan.selection
     assert prepared.plan.key_mode == "threshold" and sel is not None
     assert sel.delta == pytest.approx(delta)
-    p_exact = selection_release_probability(sel.scale, sel.threshold, count=1)
+    p_exact = sel.release_probability(1)  # the rule chosen (optimal here: exactly δ(1 - 2^-30))
     assert p_exact <= sel.delta * (1 + 1e-12)
     n = N_LONELY * RUNS
     c = 0
@@ -59,8 +60,9 @@ def test_thresholding_releases_single_unit_groups_rarely(kdb):
 
 
 def test_thresholding_threshold_formula(kdb):
-    """T is the least integer with P[1 + K >= T] <= δ₁; T - 1 would exceed it."""
-    prepared = prepare(kdb, f"SELECT grp, COUNT(*) FROM {DB}.lonely GROUP BY grp", epsilon=1.0, delta=1e-3)
+    """Laplace rule: T is the least integer with P[1 + K >= T] <= δ₁; T - 1 would exceed it."""
+    prepared = prepare(kdb, f"SELECT grp, COUNT(*) FROM {DB}.lonely GROUP BY grp", epsilon=1.0, delta=1e-3,
+                       selection="laplace")
     sel = prepared.plan.selection
     assert selection_release_probability(sel.scale, sel.threshold, 1) <= 1e-3
     assert selection_release_probability(sel.scale, sel.threshold - 1, 1) > 1e-3

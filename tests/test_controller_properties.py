@@ -15,7 +15,7 @@ from dpch.controller import prepare
 from dpch.errors import QueryRejected
 from test_controller_fixtures import DB, setup_controller_data
 
-NOISE_UDFS = {"dpch_laplace_int", "dpch_gaussian_int", "dpch_laplace", "dpch_gaussian"}
+NOISE_UDFS = {"dpch_laplace_int", "dpch_gaussian_int", "dpch_laplace", "dpch_gaussian", "dpch_partition_select"}
 
 
 # ------------------------------------------------------------------------------------------------

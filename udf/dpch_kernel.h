@@ -387,6 +387,26 @@ static inline uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0,
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Partition selection by the optimal rule (Desfontaines et al., PoPETs 2022, Thm 1)           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* J = min{j >= 1 : U < A_j} for U uniform in [0, 2^127) (127 CSPRNG bits), where the table
+ * A_1 <= ... <= A_len = 2^127 is given as (hi, lo) 64-bit words (A_j = hi[j-1]·2^64 + lo[j-1]).
+ * P[J = j] = (A_j - A_(j-1)) / 2^127 exactly (A_0 = 0), and J <= n iff U < A_n, so a group of n
+ * units is released (J <= n) with probability exactly A_n / 2^127 (dpch/partition_selection.py).
+ * Binary search over the table: time independent of n. */
+static inline int64_t dpch_select_index(const uint64_t *hi, const uint64_t *lo, int64_t len) {
+    dpch_u128 u = ((dpch_u128)dpch_bits(63) << 64) | (dpch_u128)dpch_bits(64);
+    int64_t a = 0, b = len - 1; /* A_len = 2^127 > U: the answer is in [0, len-1] */
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        dpch_u128 c = ((dpch_u128)hi[m] << 64) | (dpch_u128)lo[m];
+        if (u < c) b = m; else a = m + 1;
+    }
+    return a + 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Discrete Laplace (CKS20 Alg. 2)                                                             */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -3,7 +3,7 @@
 # the discrete Gaussian needs more than 128 bits. Both paths implement CKS20 exactly; the slow path
 # only differs in using Python integers.
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
 
 cdef extern from "dpch_kernel.h" nogil:
     int dpch_rng_init()
@@ -29,6 +29,7 @@ cdef extern from "dpch_kernel.h" nogil:
         uint64_t a
         uint64_t q
     uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x)
+    int64_t dpch_select_index(const uint64_t *hi, const uint64_t *lo, int64_t length)
     uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1, uint64_t thi,
                                     uint64_t tlo, uint64_t s, uint32_t *perm)
 
@@ -232,3 +233,53 @@ cdef object _quantile_parameters(double eps, uint64_t rows, uint64_t buckets):
     if rows < 1 or rows > (1 << 20):
         return "rows per unit must be between 1 and 2^20"
     return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Partition selection by the optimal rule (dpch/partition_selection.py, docs/CONTROLLER.md)
+# ------------------------------------------------------------------------------------------------
+
+cdef class _SelectionTable:
+    """The optimal rule's table at (epsilon, delta) in the kernel's layout: A_j as (hi, lo) words,
+    and the offset t of the released count (v = n - J + t; released iff v >= t)."""
+    cdef bytes hi
+    cdef bytes lo
+    cdef const uint64_t *hip
+    cdef const uint64_t *lop
+    cdef int64_t length
+    cdef int64_t offset
+
+    def __cinit__(self, table):
+        from array import array
+        self.hi = array("Q", [a >> 64 for a in table.cdf]).tobytes()
+        self.lo = array("Q", [a & 0xFFFFFFFFFFFFFFFF for a in table.cdf]).tobytes()
+        self.hip = <const uint64_t *><const char *>self.hi
+        self.lop = <const uint64_t *><const char *>self.lo
+        self.length = len(table.cdf)
+        self.offset = table.offset
+
+    cdef inline int64_t draw(self, int64_t n):
+        """The released count n - J + t for n >= 0 (saturating; J <= 2^20, t <= 2^20)."""
+        cdef int64_t j = dpch_select_index(self.hip, self.lop, self.length)
+        cdef int64_t shift = self.offset - j
+        if shift > 0 and n > INT64_MAX - shift:
+            return INT64_MAX
+        return n + shift
+
+    def draws(self, int64_t n, Py_ssize_t size):
+        """`size` independent released counts for a group of n >= 0 units (tests)."""
+        if n < 0:
+            raise ValueError("the count of units must be >= 0")
+        return [self.draw(n) for _ in range(size)]
+
+    @property
+    def threshold(self):
+        """t: the group is released iff its released count is >= t."""
+        return self.offset
+
+
+def selection_table(double epsilon, double delta):
+    """The kernel's table for the optimal rule at (epsilon, delta) (raises ValueError naming the
+    parameter when the rule cannot be used)."""
+    from dpch.partition_selection import optimal_table
+    return _SelectionTable(optimal_table(epsilon, delta))

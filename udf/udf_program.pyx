@@ -17,6 +17,13 @@ Functions (docs/NOISE.md):
                  the buckets chosen for the quantile levels from a sparse histogram over the grid
                  0..buckets-1 (kernel.pxi _quantile_buckets; eps-DP when one privacy unit holds at
                  most `rows` rows of the histogram)
+  partition_select (n Int64, epsilon Float64, delta Float64, threshold Int64) -> Int64
+                 private partition selection by the optimal rule (Desfontaines et al., PoPETs 2022,
+                 Thm 1) for a group of n >= 0 distinct units: the released count n - J + t, where
+                 the group is released iff it is >= t (dpch/partition_selection.py; (epsilon,
+                 delta)-DP per group, the count included). `threshold` must equal the table's t
+                 (the caller's WHERE uses it): a planner and a UDF program of different versions
+                 fail instead of releasing at another threshold
 
 Bad input: a NaN/Inf value or a scale that is <= 0, NaN or Inf -> message on stderr
 "dpch-udf <function>: <problem> (row <i> of block)" and exit status 2; a malformed stream
@@ -46,6 +53,7 @@ cdef enum:
     F_GAUSSIAN_INT = 3
     F_GAUSSIAN_SIGMA = 4
     F_QUANTILES = 5
+    F_PARTITION_SELECT = 6
 
 FUNCTIONS = {
     "laplace": F_LAPLACE,
@@ -54,6 +62,7 @@ FUNCTIONS = {
     "gaussian_int": F_GAUSSIAN_INT,
     "gaussian_sigma": F_GAUSSIAN_SIGMA,
     "quantiles": F_QUANTILES,
+    "partition_select": F_PARTITION_SELECT,
 }
 
 EXIT_OK = 0
@@ -88,6 +97,11 @@ cdef class _Program:
     cdef double last_args[3]
     cdef double last_sigma
     cdef bint have_last
+    # partition_select: the current table and the cache of tables per (epsilon, delta)
+    cdef dict sel_cache
+    cdef _SelectionTable sel
+    cdef double sel_args[2]
+    cdef int64_t sel_threshold
 
     def __cinit__(self, str name, int fn):
         self.name = name
@@ -104,6 +118,8 @@ cdef class _Program:
         self.sigma_fn = None
         self.sigma_cache = {}
         self.have_last = False
+        self.sel_cache = {}
+        self.sel = None
 
     def __dealloc__(self):
         free(self.inbuf)
@@ -291,10 +307,53 @@ cdef class _Program:
         self.sigma_cache[key] = value
         return value
 
+    cdef int _rows_select(self, const unsigned char *src, Py_ssize_t nrows,
+                          Py_ssize_t row0) except -1:
+        """partition_select(n, epsilon, delta, threshold) for nrows rows: the released count of
+        each group (the table is cached per distinct (epsilon, delta))."""
+        cdef Py_ssize_t i
+        cdef int64_t n, out, threshold
+        cdef double a[2]
+        for i in range(nrows):
+            memcpy(&n, src + 32 * i, 8)
+            memcpy(a, src + 32 * i + 8, 16)
+            memcpy(&threshold, src + 32 * i + 24, 8)
+            if self.sel is None or a[0] != self.sel_args[0] or a[1] != self.sel_args[1]:
+                self._select_table(a[0], a[1], row0 + i)
+            if threshold != self.sel_threshold:
+                raise _Stop(EXIT_BAD_VALUE, f"threshold does not match the selection table's "
+                                            f"(row {row0 + i} of block)")
+            if n < 0:
+                raise _Stop(EXIT_BAD_VALUE, f"the count of units is negative (row {row0 + i} of block)")
+            out = self.sel.draw(n)
+            memcpy(self.outbuf + 8 * i, &out, 8)
+        return 0
+
+    cdef int _select_table(self, double eps, double delta, Py_ssize_t row) except -1:
+        key = (eps, delta)
+        table = self.sel_cache.get(key)
+        if table is None:
+            if not isfinite(eps) or not eps > 0:
+                raise _Stop(EXIT_BAD_VALUE, f"epsilon must be a finite number > 0 (row {row} of block)")
+            if not isfinite(delta) or not (0 < delta < 1):
+                raise _Stop(EXIT_BAD_VALUE, f"delta must be a number in (0, 1) (row {row} of block)")
+            try:
+                table = selection_table(eps, delta)
+            except ValueError as exc:  # fail closed: nothing is released without a valid table
+                raise _Stop(EXIT_BAD_VALUE, f"{exc} (row {row} of block)")
+            if len(self.sel_cache) > 64:
+                self.sel_cache.clear()
+            self.sel_cache[key] = table
+        self.sel = table
+        self.sel_threshold = table.threshold
+        self.sel_args[0] = eps
+        self.sel_args[1] = delta
+        return 0
+
     # ---------------------------------------------------------------- main loop
 
     cdef int _block(self, long long nrows) except -1:
-        cdef Py_ssize_t rowsize = 24 if self.fn == F_GAUSSIAN_SIGMA else 16
+        cdef Py_ssize_t rowsize = 24 if self.fn == F_GAUSSIAN_SIGMA else (32 if self.fn == F_PARTITION_SELECT else 16)
         cdef Py_ssize_t done = 0, avail, take
         while done < nrows:
             avail = (self.end - self.start) // rowsize
@@ -308,6 +367,8 @@ cdef class _Program:
             take = avail if avail < nrows - done else nrows - done
             if self.fn == F_GAUSSIAN_SIGMA:
                 self._rows_sigma(self.inbuf + self.start, take, done)
+            elif self.fn == F_PARTITION_SELECT:
+                self._rows_select(self.inbuf + self.start, take, done)
             else:
                 self._rows_noise(self.inbuf + self.start, take, done)
             self._write_all(self.outbuf, 8 * take)

@@ -56,15 +56,16 @@
    through a key expression of that one column; or the values of an integer column with declared
    bounds (at most 10 000 values). When every key has a domain, the output is exactly their cross
    product (empty groups get noise only; rows outside it are dropped). Otherwise, with δ > 0,
-   **private partition selection** (Korolova et al. 2009; Wilson et al. 2020, "Differentially
-   Private SQL with Bounded User Contribution", PETS, §3): each group's number of distinct units
-   gets discrete Laplace noise of scale b = laplace_scale(Δ, ε_sel) (Δ = k, or 2k under
-   substitute) and the group is released iff the noisy count is >= T. One unit creates at most k
-   new groups, each with count 1; the kernel's noise K (scale τ >= b) satisfies
-   P[K >= j] = q^j/(1+q), q = e^(-1/τ), so T = 1 + j with j the least integer such that
-   q^j/(1+q) <= δ₁ = 1 - (1 - δ_sel)^(1/k). The released groups are then (ε_sel, δ_sel)-DP, and
-   their noisy distinct-unit counts too (post-processing of the same mechanism), which is why
-   COUNT(DISTINCT unit) reuses the selection count under thresholding. With δ = 0 and a key
+   **private partition selection** (``dpch.plan.selection``; docs/CONTROLLER.md, "Partition
+   selection"): each group's number n of distinct units gets a noisy count and the group is
+   released iff it is >= T; one unit moves at most c = k (2k under substitute) counts by 1. Rules:
+   the optimal rule of Desfontaines et al. (PoPETs 2022, Thm 1) at (ε_sel/c, 1 - (1 - δ_sel)^(1/c))
+   per group, sampled exactly by ``dpch_partition_select``; a Gaussian threshold (L2 √c noise,
+   created groups pass with probability <= δ_thr/c); or the Laplace threshold of Korolova et al.
+   2009 / Wilson et al. 2020 (b = c/ε, T with P[1 + K >= T] <= 1 - (1 - δ_sel)^(1/c)).
+   ``selection="auto"`` takes the one with the fewest expected missed units at (ε_sel, δ_sel, c),
+   a data-independent score. Each releases its noisy counts within the same (ε_sel, δ_sel), which
+   is why COUNT(DISTINCT unit) reuses the selection count under thresholding. With δ = 0 and a key
    without a public domain the query is rejected.
 
 The package, by what each module does:
@@ -74,7 +75,8 @@ The package, by what each module does:
 - ``bounds``: per-row bounds of an aggregate's argument (point 2), a table of bounding rules;
 - ``sensitivity``: L1/L2 sensitivities of quantities (point 4);
 - ``gaussian``: the zCDP route of the vector Gaussian (point 5);
-- ``selection``: the partition-selection threshold and release probability (point 7);
+- ``selection``: the partition-selection rules, their thresholds, release probabilities and the
+  choice among them (point 7);
 - ``key_domains``: public key domains (point 7);
 - ``planner``: make_plan, which puts them together (points 1 to 7).
 """
@@ -82,14 +84,15 @@ from .bounds import Interval, bound_expression, expr_nullable, float_literal
 from .gaussian import vector_gaussian_sigma
 from .key_domains import MAX_ENUMERATED_KEYS
 from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
-from .options import MECHANISMS, QueryOptions, check_budget_args
+from .options import MECHANISMS, SELECTION_RULES, QueryOptions, check_budget_args
 from .planner import FIXED_POINT_BITS, MAX_PUBLIC_GROUPS, SELECTION_WEIGHT_KEY, make_plan
-from .selection import selection_release_probability, selection_threshold
+from .selection import choose_selection, selection_release_probability, selection_threshold
 from .sensitivity import row_sensitivity, unit_sensitivity
 
 __all__ = [
     "AggregatePlan", "Bounding", "FIXED_POINT_BITS", "Interval", "KeyDomain", "MAX_ENUMERATED_KEYS",
-    "MAX_PUBLIC_GROUPS", "MECHANISMS", "Plan", "Quantity", "QueryOptions", "SELECTION_WEIGHT_KEY", "Selection",
-    "bound_expression", "check_budget_args", "expr_nullable", "float_literal", "make_plan", "row_sensitivity",
-    "selection_release_probability", "selection_threshold", "unit_sensitivity", "vector_gaussian_sigma",
+    "MAX_PUBLIC_GROUPS", "MECHANISMS", "Plan", "Quantity", "QueryOptions", "SELECTION_RULES", "SELECTION_WEIGHT_KEY",
+    "Selection", "bound_expression", "check_budget_args", "choose_selection", "expr_nullable", "float_literal",
+    "make_plan", "row_sensitivity", "selection_release_probability", "selection_threshold", "unit_sensitivity",
+    "vector_gaussian_sigma",
 ]

@@ -43,6 +43,9 @@ class Quantity:
     levels: tuple[float, ...] = ()
     rows: int = 1
     coords: int = 1
+    # a noise mechanism object set by the planner (the optimal partition-selection rule's
+    # dpch.plan.selection.OptimalSelectionNoise); None: the one named by `mechanism`
+    noise: object | None = None
 
     @property
     def group_epsilon(self) -> float:
@@ -59,6 +62,8 @@ class Quantity:
         return f"__dp_n{self.index}"
 
     def mechanism_object(self):
+        if self.noise is not None:
+            return self.noise
         if self.mechanism == "exponential":
             return QuantileMechanism(self.group_epsilon, self.rows)
         if self.mechanism == "laplace":
@@ -101,8 +106,27 @@ class Selection:
     threshold: int  # release iff noisy count >= threshold
     epsilon: float
     delta: float
-    scale: float
-    new_groups: int  # k: groups one unit can create
+    scale: float  # the noisy count's noise: Laplace b, Gaussian σ, or the optimal rule's noise std
+    new_groups: int  # c: counts one unit can move (k, or 2k under substitute)
+    rule: object = None  # dpch.plan.selection.SelectionRule: which rule, its parameters and source
+
+    @property
+    def rule_name(self) -> str:
+        return getattr(self.rule, "rule", "laplace")
+
+    def release_probability(self, count: int) -> float:
+        """P[a group of ``count`` distinct units is released] under the rule used."""
+        return self.rule.release_probability(count)  # type: ignore[union-attr]
+
+    def summary(self) -> dict:
+        """What explain and the result metadata show (public: parameters only, no data)."""
+        r = self.rule
+        return {"rule": self.rule_name, "threshold": self.threshold, "epsilon": self.epsilon, "delta": self.delta,
+                "noise_scale": self.scale, "max_new_groups_per_unit": self.new_groups,
+                "group_epsilon": getattr(r, "group_epsilon", None), "group_delta": getattr(r, "group_delta", None),
+                "noise_delta": getattr(r, "noise_delta", 0.0), "source": getattr(r, "source", ""),
+                "description": r.describe() if r is not None else "",
+                "scores": dict(getattr(r, "scores", {}) or {})}
 
 
 @dataclass

@@ -11,6 +11,8 @@ from .. import calibration as cal
 from ..errors import InvalidParameter
 
 MECHANISMS = ("auto", "laplace", "gaussian")
+#: Partition-selection rules (dpch.plan.selection): "auto" picks by a data-independent score.
+SELECTION_RULES = ("auto", "optimal", "gaussian", "laplace")
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,11 @@ class QueryOptions:
     max_groups_contributed: int | None = None
     max_rows_per_unit: int | None = None
     max_rows_per_group: int | None = None
+    # Private partition selection rule (docs/CONTROLLER.md, "Partition selection").
+    selection: str = "auto"
 
     FIELDS = ("mechanism", "weights", "keys", "confidence", "with_ci", "max_groups_contributed",
-              "max_rows_per_unit", "max_rows_per_group")
+              "max_rows_per_unit", "max_rows_per_group", "selection")
     CONTRIBUTION = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
 
     @classmethod
@@ -55,6 +59,9 @@ class QueryOptions:
         with_ci = options.get("with_ci", False)
         if not isinstance(with_ci, bool):
             raise InvalidParameter("with_ci must be a bool")
+        selection = options.get("selection", "auto")
+        if selection not in SELECTION_RULES:
+            raise InvalidParameter(f"selection must be one of {', '.join(SELECTION_RULES)}")
         bounds = {}
         for name in cls.CONTRIBUTION:
             v = options.get(name)
@@ -63,7 +70,8 @@ class QueryOptions:
                     raise InvalidParameter(f"{name} must be an integer in [1, 1000000]")
                 bounds[name] = int(v)
         return cls(mechanism=mech, weights=dict(weights) if weights else None,
-                   keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, **bounds)
+                   keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection,
+                   **bounds)
 
     def contribution(self) -> dict[str, int]:
         """The contribution bounds given with the query (to replace the catalog's)."""

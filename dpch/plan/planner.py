@@ -19,7 +19,7 @@ from .gaussian import vector_gaussian_sigma
 from .key_domains import key_domain
 from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
 from .options import QueryOptions, check_budget_args
-from .selection import selection_threshold
+from .selection import choose_selection
 from .sensitivity import row_sensitivity, unit_sensitivity
 
 FIXED_POINT_BITS = 20
@@ -211,10 +211,15 @@ class _Planner:
         self._split_budget(agg_plans)
         selection = None
         if selection_q is not None:
+            # the rule (optimal / Gaussian / Laplace threshold) at the selection's (ε, δ) share, chosen
+            # from the budget and the contribution bounds only (dpch.plan.selection); its noisy count
+            # is the units quantity's released value
             q = self.quantities[selection_q]
-            selection = Selection(quantity=selection_q,
-                                  threshold=selection_threshold(q.scale, q.delta, self.bounding.k),
-                                  epsilon=q.epsilon, delta=q.delta, scale=q.scale, new_groups=self.bounding.k)
+            coords = self._coords()
+            rule = choose_selection(q.epsilon, q.delta, coords, self.options.selection)
+            q.mechanism, q.scale, q.noise = rule.mechanism, rule.scale, rule.noise()
+            selection = Selection(quantity=selection_q, threshold=rule.threshold, epsilon=q.epsilon, delta=q.delta,
+                                  scale=rule.scale, new_groups=coords, rule=rule)
         cost = PrivacyCost(mechanisms=tuple(self._cost(q) for q in self.quantities))
         return Plan(bound=bound, entry=self.entry, epsilon=self.epsilon, delta=self.delta, options=self.options,
                     bounding=self.bounding, quantities=self.quantities, aggregates=agg_plans, key_mode=key_mode,
