@@ -6,7 +6,8 @@ the query into:
 
 - ``keys``: the GROUP BY expressions (row-level expressions of registered columns);
 - ``aggregates``: the DP aggregates, normalised to ``AggCall(func, arg, cond)`` with ``func`` one of
-  count, count_distinct_unit, sum, avg, var_samp, var_pop, stddev_samp, stddev_pop;
+  count, count_distinct_unit, count_distinct (of a non-unit expression), sum, avg, var_samp, var_pop,
+  stddev_samp, stddev_pop, quantile, quantiles;
 - ``outputs``, ``having`` and ``order``: *templates* over released values only. In a template an
   aggregate is replaced by the column ``__dp_a<i>`` and a group key by ``__dp_k<j>``; any other
   column left in a template is a raw value, which is rejected. So every output column is, by
@@ -34,7 +35,7 @@ INTERNAL_PREFIX = "__dp_"
 AGG_PREFIX = "__dp_a"
 KEY_PREFIX = "__dp_k"
 
-DP_FUNCS = ("count", "count_distinct_unit", "sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
+DP_FUNCS = ("count", "count_distinct_unit", "count_distinct", "sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop",
             "quantile", "quantiles")
 
 # --- scalar functions/operators (sqlglot node classes, by name) --------------------------------
@@ -330,15 +331,13 @@ class _Binder:
             arg = node.this
             if isinstance(arg, exp.Distinct):
                 exprs = arg.expressions
-                if unit is None:
-                    raise _reject(f"{text}: COUNT(DISTINCT ...) needs a privacy unit; {self.entry.table} is "
-                                  "row level (every row is a unit), use COUNT(*)")
-                if len(exprs) == 1 and isinstance(exprs[0], exp.Column) and exprs[0].name in self._unit_columns():
+                if len(exprs) != 1:
+                    raise _reject(f"{text}: COUNT(DISTINCT ...) takes one expression (for several "
+                                  "columns write COUNT(DISTINCT (a, b)))")
+                if unit is not None and isinstance(exprs[0], exp.Column) and exprs[0].name in self._unit_columns():
                     return self._add_agg("count_distinct_unit", None, None, node)
-                shown = sorted(c for c in self._unit_columns() if not c.startswith("__dp")) or [
-                    getattr(self.entry, "unit_name", "") or unit]
-                raise _reject(f"{text}: COUNT(DISTINCT ...) is only supported on the privacy unit column "
-                              f"({', '.join(shown)}); its sensitivity is unbounded for other columns")
+                # other expressions: each unit's rows are capped, so it adds at most that many values
+                return self._add_agg("count_distinct", exprs[0], None, node)
             if node.expressions:
                 raise _reject(f"{text}: COUNT takes at most one argument")
             if arg is None or isinstance(arg, exp.Star):

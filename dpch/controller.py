@@ -269,7 +269,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         quantities.append({
             "label": q.label,
             "kind": "partition selection" if q.is_selection and not q.aggregates else (
-                {"rows": "count", "units": "distinct units", "sum": "fixed-point sum", "quantile": "quantile"}[q.kind]),
+                {"rows": "count", "units": "distinct units", "sum": "fixed-point sum", "quantile": "quantile",
+                 "distinct": "distinct values (kept rows)"}[q.kind]),
             "partition_selection": q.is_selection,
             "sensitivity_l1": q.l1 * q.grid,
             "sensitivity_l2": q.l2 * q.grid,

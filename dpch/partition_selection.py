@@ -155,7 +155,7 @@ def _check(epsilon: float, delta: float) -> None:
     if not (isinstance(delta, float) and math.isfinite(delta) and 0 < delta < 1):
         raise ValueError("delta must be a number in (0, 1)")
     if delta < MIN_DELTA:
-        raise ValueError(f"delta must be at least 2^-96 for the optimal selection rule")
+        raise ValueError("delta must be at least 2^-96 for the optimal selection rule")
 
 
 @functools.lru_cache(maxsize=256)

@@ -54,7 +54,7 @@ def aggregate_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], le
         n = len(noisy[qs[ap.roles["quantile"]].index])
         lo, hi = ap.value_interval  # type: ignore[misc]
         return np.full(n, float(lo)), np.full(n, float(hi))
-    if func in ("count", "count_distinct_unit"):
+    if func in ("count", "count_distinct_unit", "count_distinct"):
         q = qs[ap.roles["count"]]
         v = noisy[q.index].astype(float)
         h = _halfwidth_value(q, level)

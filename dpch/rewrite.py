@@ -77,10 +77,11 @@ class _Rewriter:
         self.table_sql = table or e.table_sql
         self.keys = list(plan.bound.keys)
         self.nk = len(self.keys)
-        self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind != "quantile"]
+        self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind not in ("quantile", "distinct")]
         # quantiles: each unit keeps at most q.rows of its rows per group (those whose bucket has
         # the smallest keyed hash: a function of the unit's own rows), collected as (hash, bucket)
-        self.quant_qs = [q for q in plan.quantities if q.kind == "quantile"]
+        # COUNT(DISTINCT expr) collects (hash, value) pairs the same way (values, not buckets)
+        self.quant_qs = [q for q in plan.quantities if q.kind in ("quantile", "distinct")]
 
     # -- helpers ----------------------------------------------------------------------------
     def _where(self, *, key_filters: bool = True) -> str:
@@ -139,13 +140,19 @@ class _Rewriter:
         else:
             rq = [f"__dp_rq{i}" for i in range(len(self.quant_qs))]
         cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
+        pairs = [self._pair(q, r) for q, r in zip(self.quant_qs, rq)]
         if not self.nk:
-            return ["count()"] + [f"sum({r})" for r in res] + [
-                f"groupArraySorted({cap})({self._hashed_bucket(r)})" for r in rq]
+            return ["count()"] + [f"sum({r})" for r in res] + [f"groupArraySorted({cap})({p})" for p in pairs]
         choose = [f"argMin(tuple({k}), {h}).1" if self.plan.key_nullable(j) else f"argMin({k}, {h})"
                   for j, k in enumerate(keys)]
         return choose + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res] + [
-            f"groupArraySortedArgMin({cap})({self._hashed_bucket(r)}, {h})" for r in rq]
+            f"groupArraySortedArgMin({cap})({p}, {h})" for p in pairs]
+
+    def _pair(self, q: Quantity, value_sql: str) -> str:
+        if q.kind == "quantile":
+            return self._hashed_bucket(value_sql)
+        # a distinct value: (keyed hash, value); tuple() makes a NULL value hashable
+        return f"tuple(sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql})), {value_sql})"
 
     @staticmethod
     def _hashed_bucket(bucket_sql: str) -> str:
@@ -184,7 +191,7 @@ class _Rewriter:
         if p.entry.row_level:
             cols = keys_proj + [
                 f"{self._q_agg(q, 'toInt64(count())', 'toInt64(count())', '__dp_e')} AS {q.column}"
-                if q.row_sql is None else
+                if q.row_sql is None else f"toInt64(uniqExact({q.row_sql})) AS {q.column}" if q.kind == "distinct" else
                 f"{self._histogram(f'[{self._hashed_bucket(q.row_sql)}]')} AS {q.column}" if q.kind == "quantile"
                 else f"sum({q.row_sql}) AS {q.column}"
                 for q in p.quantities]
@@ -224,8 +231,8 @@ class _Rewriter:
             k, C, M = b.k, b.rows_per_group, b.max_rows
             stage1_cols = ["__dp_u", "__dp_h"] + [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)] + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
-                [f"groupArraySorted({C})({self._hashed_bucket(f'__dp_rq{i}')}) AS __dp_sq{i}"
-                 for i in range(len(self.quant_qs))]
+                [f"groupArraySorted({C})({self._pair(q, f'__dp_rq{i}')}) AS __dp_sq{i}"
+                 for i, q in enumerate(self.quant_qs)]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its groups sorted by keyed hash, the first k kept (one sorted array per column,
             # all sorted by the same hashes, so element i of every array is the same group)
@@ -266,6 +273,9 @@ class _Rewriter:
         for q in p.quantities:
             if q.kind == "quantile":
                 group_cols.append(f"{self._histogram(f'__dp_bq{self.quant_qs.index(q)}')} AS {q.column}")
+            elif q.kind == "distinct":  # uniqExact skips NULL, as COUNT(DISTINCT) does
+                group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> __dp_t.2, "
+                                  f"__dp_bq{self.quant_qs.index(q)}))) AS {q.column}")
             elif q.kind == "units":
                 group_cols.append(f"toInt64(count()) AS {q.column}")
             elif q.row_sql is None:
@@ -319,7 +329,7 @@ class _Rewriter:
             values = (f"arrayMap(__dp_b -> least(greatest({float_literal(lo)} + (toFloat64(__dp_b) + 0.5) * {width}, "
                       f"{float_literal(lo)}), {float_literal(hi)}), {qs[ap.roles['quantile']].noisy_column})")
             return f"{values}[1]" if ap.func == "quantile" else values
-        if ap.func in ("count", "count_distinct_unit"):
+        if ap.func in ("count", "count_distinct_unit", "count_distinct"):
             return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
         if ap.func == "sum":
             q = qs[ap.roles["sum"]]

@@ -40,6 +40,13 @@ QUERIES = [
                "GROUP BY category", 1e-6),
     ("onerow", "SELECT COUNT(*) AS n, COUNT(DISTINCT user_id) AS u FROM {t}", 0.0),
     ("rowlevel", "SELECT category, SUM(qty * 2 - 5) AS s, AVG(amount) AS a FROM {t} GROUP BY category", 1e-6),
+    # COUNT(DISTINCT non-unit) (issue 15): distinct values among the kept rows
+    ("purchases", "SELECT COUNT(DISTINCT user_id * 100 + qty) AS c, COUNT(DISTINCT price) AS p FROM {t}", 0.0),
+    ("purchases", "SELECT region, COUNT(DISTINCT category) AS c, COUNT(*) AS n FROM {t} GROUP BY region", 0.0),
+    ("events", "SELECT region, COUNT(DISTINCT concat(category, toString(qty))) AS c FROM {t} GROUP BY region", 1e-6),
+    ("subst", "SELECT category, COUNT(DISTINCT day) AS c FROM {t} GROUP BY category", 1e-6),
+    ("rowlevel", "SELECT region, COUNT(DISTINCT concat(toString(user_id), category, toString(amount))) AS c "
+                 "FROM {t} GROUP BY region", 0.0),
 ]
 
 # units whose removal / substitution is checked (0 is the heavy unit: 1000 rows, every group)

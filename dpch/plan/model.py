@@ -20,7 +20,8 @@ class Quantity:
     index: int
     key: str  # identity for sharing
     label: str
-    kind: str  # "rows" (count of rows matching pred), "units" (distinct units), "sum" or "quantile"
+    kind: str  # "rows" (count of rows matching pred), "units" (distinct units), "sum", "quantile" or
+    # "distinct" (distinct values of row_sql among the kept rows)
     row_sql: str | None  # per-row Int64 contribution (units); None for plain row counts / units
     lo_units: int  # per-row contribution range in units
     hi_units: int

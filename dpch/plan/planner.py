@@ -123,6 +123,13 @@ class _Planner:
         e = self.entry
         cond_sql = sql_of(call.cond) if call.cond is not None else None
         label = call.text
+        if call.func == "count_distinct":
+            # distinct values among the kept rows: one unit's kept rows in a group (<= min(C, M),
+            # <= M in all) add or remove at most that many values, the bound of a row count
+            row = sql_of(call.arg)
+            return AggregatePlan(call, {"count": self._quantity(
+                f"distinct|{row}", label=label, kind="distinct", row_sql=row, lo_units=0, hi_units=1,
+                grid=1.0, centre=0.0)})
         if call.func == "count_distinct_unit":
             qi = self._units_quantity(label)
             return AggregatePlan(call, {"count": qi})

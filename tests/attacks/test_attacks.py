@@ -258,6 +258,12 @@ CASES = [
     # COUNT(DISTINCT unit) with a partial WHERE
     C("count_distinct_where", "SELECT COUNT(DISTINCT user_id) AS u FROM {t} WHERE toInt64(name) > 0",
       "COUNT(DISTINCT unit) + WHERE parse"),
+    # COUNT(DISTINCT non-unit) (issue 15): unit 42's own values, partial expressions, NULLs
+    C("count_distinct_name", "SELECT region, COUNT(DISTINCT name) AS v FROM {t} GROUP BY region",
+      "COUNT(DISTINCT name): unit 42's distinct names", delta=DELTA_SEL),
+    C("count_distinct_parse", "SELECT COUNT(DISTINCT toInt64(name)) AS v FROM {t}", "COUNT(DISTINCT parse of name)"),
+    C("count_distinct_nullif", "SELECT COUNT(DISTINCT nullIf(user_id, 42)) AS v FROM {t}",
+      "COUNT(DISTINCT nullIf(unit, 42))"),
     # public keys with a partial WHERE (exact key comparison)
     C("public_where_parse", "SELECT region, COUNT(*) AS n FROM {t} WHERE toInt64(name) > 0 GROUP BY region",
       "public keys + WHERE parse error"),

@@ -71,3 +71,6 @@ SELECT median(amount) AS m, quantile(0.9)(price) AS p90 FROM t_controller.purcha
 SELECT region, quantiles(0.1, 0.5, 0.9)(amount) AS qs, COUNT(*) AS n FROM t_controller.purchases GROUP BY region -- delta=0
 SELECT category, median(qty) AS m FROM t_controller.events GROUP BY category
 SELECT region, MAX(amount) - MIN(amount) AS spread FROM t_controller.rowlevel GROUP BY region -- delta=0
+SELECT COUNT(DISTINCT region) AS r, COUNT(DISTINCT category) AS c FROM t_controller.purchases -- delta=0
+SELECT region, COUNT(DISTINCT category) AS c FROM t_controller.events GROUP BY region
+SELECT COUNT(DISTINCT user_id) AS users FROM t_controller.rowlevel -- delta=0
