@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -50,6 +50,12 @@ bench-selection: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_selection.py --units 1000000 --keys 100000 --repeats 3 \
 		--out bench/out/selection.json --markdown bench/out/selection.md
+
+# Quantile accuracy against OpenDP, Tumult Analytics and PipelineDP (issue 15): same seeded data
+# and ε, rank errors; OpenDP and PipelineDP in the virtualenvs of `make bench`, Tumult Analytics
+# (pyspark, needs Java) in bench/.venv-tumult, all created on first use (see bench/RESULTS.md).
+bench-quantiles: install
+	$(VPY) bench/bench_quantiles.py
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

@@ -72,14 +72,15 @@ def log(msg: str) -> None:
 
 
 # -- environment ------------------------------------------------------------------------------
-def venv_python(env: str) -> Path:
-    return PEER_ENVS[env]["dir"] / "bin" / "python"
+def venv_python(env: str, spec: dict | None = None) -> Path:
+    return (spec or PEER_ENVS[env])["dir"] / "bin" / "python"
 
 
-def ensure_venv(env: str, *, install: bool = True) -> str | None:
-    """Create/complete the peer virtualenv; returns None when usable, else the reason."""
-    spec = PEER_ENVS[env]
-    py = venv_python(env)
+def ensure_venv(env: str, *, install: bool = True, spec: dict | None = None) -> str | None:
+    """Create/complete the peer virtualenv `env` (PEER_ENVS[env], or `spec` of the same shape
+    for an environment another harness owns); returns None when usable, else the reason."""
+    spec = spec or PEER_ENVS[env]
+    py = venv_python(env, spec)
     if py.exists() and subprocess.run([str(py), "-c", spec["imports"]], capture_output=True).returncode == 0:
         return None
     if not install:
@@ -216,9 +217,14 @@ def peer_unsupported(system: str, qid: str) -> str | None:
 
 
 def run_peer(system: str, parquet: Path, rows: int, tasks: list[dict], timeout_s: float) -> list[dict]:
-    env = PEER_ENV_OF[system]
     job = {"system": system, "parquet": str(parquet), "rows": rows, "tasks": tasks}
-    cmd = [str(venv_python(env)), str(BENCH / "peer_worker.py")]
+    return run_worker(venv_python(PEER_ENV_OF[system]), BENCH / "peer_worker.py", job, timeout_s, system)
+
+
+def run_worker(python: Path, script: Path, job: dict, timeout_s: float, label: str) -> list[dict]:
+    """Run `script` under a peer virtualenv's `python` with `job` as JSON on stdin; returns the
+    objects of its `RESULT <json>` lines, plus a "timeout"/"crash" record if it did not finish."""
+    cmd = [str(python), str(script)]
     try:
         proc = subprocess.run(cmd, input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -229,7 +235,7 @@ def run_peer(system: str, parquet: Path, rows: int, tasks: list[dict], timeout_s
     if proc.returncode != 0:
         res.append({"kind": "crash", "error": proc.stderr.strip().splitlines()[-1:] or ["?"]})
     elif proc.stderr.strip():
-        sys.stderr.write("".join(f"    [{system}] {l}\n" for l in proc.stderr.strip().splitlines()[-5:]))
+        sys.stderr.write("".join(f"    [{label}] {l}\n" for l in proc.stderr.strip().splitlines()[-5:]))
     return res
 
 

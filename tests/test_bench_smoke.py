@@ -128,3 +128,33 @@ def test_report_replaces_only_its_section(tmp_path):
     text = md.read_text()
     assert "keep me" in text and "keep too" in text and "STALE-PEER-NUMBERS" not in text
     assert text.index("## UDF throughput") < text.index("## Benchmarks vs peers") < text.index("## Other")
+
+
+def test_quantile_harness_dpch_tiny(tmp_path):
+    """bench/bench_quantiles.py, DPCH's part only (no peer virtualenvs), on tiny data."""
+    from bench_quantiles import rank_errors
+
+    # midrank: #{x < v} + #{x = v}/2 against α·n
+    assert list(rank_errors(np.array([1.0, 2.0, 2.0, 3.0]), [2.0, 0.0, 3.5], 0.5)) == [0.0, 2.0, 2.0]
+    out, md = tmp_path / "q.json", tmp_path / "q.md"
+    cmd = [sys.executable, str(BENCH / "bench_quantiles.py"), "--systems", "dpch,dpch_joint", "--ns", "300",
+           "--dists", "uniform,bimodal", "--eps", "1", "--levels", "0.5,0.9", "--dpch-reps", "4",
+           "--time-runs", "1", "--data-dir", str(tmp_path / "data"), "--out", str(out), "--markdown", str(md),
+           "--no-install"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {d["name"] for d in data["datasets"]} == {"uniform_n300", "bimodal_n300"}
+    got = {(r["system"], r["dataset"], r["eps"], r["level"]): r for r in data["results"]}
+    assert len(got) == len(data["results"]) == 2 * 2 * 2  # systems × datasets × levels
+    for (system, _, eps, level), r in got.items():
+        assert system in ("dpch", "dpch_joint") and eps == 1.0 and level in (0.5, 0.9)
+        assert r["status"] == "ok", r
+        err = r["rank_error"]
+        assert err["reps"] == 4 and err["in_bounds"]
+        for k in ("median", "p90", "mean", "max"):
+            assert math.isfinite(err[k]) and 0 <= err[k] <= 300
+        assert err["median"] <= err["p90"] <= err["max"]
+        assert r["release_s_median"] > 0
+    text = md.read_text()
+    assert "| data | n | ε | α | dpch | dpch_joint |" in text and "| uniform | 300 | 1 | 0.9 |" in text
