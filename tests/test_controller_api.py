@@ -231,3 +231,12 @@ def test_cli_query_explain_catalog(adb):
     assert "bounds [0.0, 10.0]" in out
     out = _cli("catalog", "drop", f"{DB}.cli_tbl", *common)
     assert f"{DB}.cli_tbl" not in adb.catalog
+
+
+def test_cli_selection_flag_picks_the_rule(adb):
+    """`--selection` reaches the planner: explain names the forced rule (issue 15)."""
+    common = ["--data-dir", str(adb.data_dir), "--analyst", ANALYST, "--ledger", str(adb.ledger_path)]
+    sql = f"SELECT category, COUNT(*) FROM {DB}.events GROUP BY category"
+    for rule in ("laplace", "optimal"):
+        out = _cli("explain", sql, "--epsilon", "1", "--delta", "1e-6", "--selection", rule, *common)
+        assert f"partition selection ({rule} rule" in out, out

@@ -51,6 +51,8 @@ def _query_args(sp) -> None:
     sp.add_argument("--epsilon", type=_float, required=True)
     sp.add_argument("--delta", type=_float, default=0.0)
     sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian"], default="auto")
+    sp.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace"], default="auto",
+                    help="private partition selection rule (GROUP BY without public keys, delta > 0)")
     sp.add_argument("--weight", action="append", default=[], metavar="LABEL=W",
                     help="budget weight for an output column/quantity label/partition_selection (repeatable)")
     sp.add_argument("--keys", action="append", default=[], metavar="KEY=V1,V2,...",
@@ -66,6 +68,8 @@ def _query_args(sp) -> None:
 
 def _options(args) -> dict:
     opts: dict = {"mechanism": args.mechanism}
+    if args.selection != "auto":
+        opts["selection"] = args.selection
     if args.weight:
         weights = {}
         for w in args.weight:
