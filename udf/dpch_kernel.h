@@ -247,33 +247,38 @@ static inline int dpch_bern_exp_words(uint64_t nhi, uint64_t nlo, uint64_t dhi, 
 /* Exponential mechanism by permute-and-flip (McKenna & Sheldon 2020, Alg. 1)                  */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Permute-and-flip visits the candidates in a uniformly random order and returns the first whose
+ * coin, Bernoulli(exp(-(u* - u_r) s / t)), comes up; the coins do not depend on the order, so the
+ * first success in a uniform order is a uniform element of the set of successes. DPCH draws it in
+ * that form: every candidate's coin is flipped in one pass and a reservoir keeps a uniform success
+ * (exact Bernoulli(1/j) for the j-th). The work is then the same for every dataset: the early-exit
+ * form visits about n / sum(p) candidates, and its running time revealed the scores (the quantile
+ * auditor certified eps_LB = 1.6 > eps = 1 from release times alone; docs/AUDIT.md).
+ * dpch_pf_flip is one candidate's step: 1 if it becomes the current choice. A maximiser's coin
+ * (gap 0) always comes up, so there is at least one success. */
+static inline int dpch_pf_flip(uint64_t gap, dpch_u128 t, uint64_t s, uint64_t *successes) {
+    if (gap != 0 && !dpch_bern_exp128((dpch_u128)gap * s, t)) return 0;
+    ++*successes;
+    return *successes == 1 || dpch_bern_frac64(1, *successes);
+}
+
 /* The candidate chosen by permute-and-flip over integer scores u[0..n), n >= 1, at temperature
- * t/s (t in [1, 2^127), s in [1, 2^64)): candidates are visited in a uniformly random order
- * (Fisher-Yates, drawn lazily with dpch_uniform into the scratch array perm[n]) and candidate r is
- * accepted with probability exp(-(u* - u_r) s / t), u* = max u, decided exactly by
- * dpch_bern_exp128. A maximiser is accepted with probability 1, so at most n candidates are
- * visited. With t/s >= 2*D/eps for scores of sensitivity D it is eps-DP (McKenna & Sheldon,
- * Thm. 1). Gaps are taken modulo nothing: u* - u_r < 2^64 and (u* - u_r) s < 2^128. */
-static inline int64_t dpch_permute_flip(const int64_t *u, int64_t n, dpch_u128 t, uint64_t s, int64_t *perm) {
-    int64_t best = u[0];
+ * t/s (t in [1, 2^127), s in [1, 2^64)), decided exactly by dpch_bern_exp128. With t/s >= 2*D/eps
+ * for scores of sensitivity D it is eps-DP (McKenna & Sheldon, Thm. 1). Gaps are taken modulo
+ * nothing: u* - u_r < 2^64 and (u* - u_r) s < 2^128. */
+static inline int64_t dpch_permute_flip(const int64_t *u, int64_t n, dpch_u128 t, uint64_t s) {
+    int64_t best = u[0], chosen = 0;
+    uint64_t successes = 0;
     for (int64_t i = 1; i < n; i++)
         if (u[i] > best) best = u[i];
-    for (int64_t i = 0; i < n; i++) perm[i] = i;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t j = i + (int64_t)dpch_uniform((uint64_t)(n - i));
-        int64_t r = perm[j];
-        perm[j] = perm[i];
-        perm[i] = r;
-        uint64_t gap = (uint64_t)((dpch_i128)best - (dpch_i128)u[r]);
-        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) return r;
-    }
-    return perm[n - 1]; /* not reached: the maximiser is accepted */
+    for (int64_t r = 0; r < n; r++)
+        if (dpch_pf_flip((uint64_t)((dpch_i128)best - (dpch_i128)u[r]), t, s, &successes)) chosen = r;
+    return chosen;
 }
 
 /* The same with the temperature numerator t given as (hi, lo) 64-bit words (for Cython). */
-static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi, uint64_t tlo, uint64_t s,
-                                              int64_t *perm) {
-    return dpch_permute_flip(u, n, ((dpch_u128)thi << 64) | tlo, s, perm);
+static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi, uint64_t tlo, uint64_t s) {
+    return dpch_permute_flip(u, n, ((dpch_u128)thi << 64) | tlo, s);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -289,13 +294,19 @@ static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint6
  * G by one, so a score moves by at most max(a, Q - a); with rows rows per privacy unit, by rows
  * times that.
  */
-static inline uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x) {
-    int64_t lo = 0, hi = m; /* the first index with keys[i] >= x */
+/* The first index i with keys[i] >= x (m if none). */
+static inline int64_t dpch_hist_index(const uint32_t *keys, int64_t m, uint64_t x) {
+    int64_t lo = 0, hi = m;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
         if ((uint64_t)keys[mid] < x) lo = mid + 1; else hi = mid;
     }
-    return cum[lo];
+    return lo;
+}
+
+/* The count of data in buckets < x. */
+static inline uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x) {
+    return cum[dpch_hist_index(keys, m, x)];
 }
 
 typedef struct {
@@ -326,20 +337,11 @@ static inline int64_t dpch_qscore_at(const dpch_qscore *z, uint64_t b) {
     return f < 0 ? f : -f;
 }
 
-/* The bucket in [c0, c1] chosen by permute-and-flip at temperature t/s (as dpch_permute_flip),
- * in a form whose work does not depend on the data: every candidate's coin is flipped
- * (Bernoulli(exp(-(u* - u_b) s / t)), exact) in one sweep over the buckets, and the output is a
- * uniformly random candidate among those whose coin came up (reservoir sampling with exact
- * Bernoulli(1/j)). This is permute-and-flip exactly: visiting the candidates in a uniformly
- * random order and returning the first success returns a uniform element of the set of
- * successes, and the coins do not depend on the order. The early-exit form visits about
- * n / sum(p) candidates, so its running time reveals the scores (a timing side channel measured
- * by the auditor, docs/AUDIT.md); this one always visits all n = c1 - c0 + 1 buckets. The best
- * score comes from a bisection (the signed score is monotone), the scores from a linear sweep
- * over the histogram. `perm` is unused (kept for the interface). */
+/* The bucket in [c0, c1] chosen by permute-and-flip at temperature t/s, every bucket's coin
+ * flipped in one sweep (dpch_pf_flip, as dpch_permute_flip). The best score comes from a
+ * bisection (the signed score is monotone), the scores from a linear sweep over the histogram. */
 static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint64_t c1,
-                                        dpch_u128 t, uint64_t s, uint32_t *perm) {
-    (void)perm;
+                                        dpch_u128 t, uint64_t s) {
     uint64_t lo = c0, hi = c1 + 1; /* the first b with signed score >= 0, or c1 + 1 */
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
@@ -350,9 +352,8 @@ static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint6
     if (lo > c0) { int64_t v = dpch_qscore_at(z, lo - 1); if (v > best) best = v; }
     /* sweep: L = data in [d0, b), G = data in (b, d1]; idx = the first key >= b */
     int empty = z->d0 > z->d1;
-    int64_t idx = 0, m = z->m;
-    { int64_t a = 0, e = m; while (a < e) { int64_t mid = a + (e - a) / 2; if ((uint64_t)z->keys[mid] < c0) a = mid + 1; else e = mid; } idx = a; }
-    uint64_t chosen = c0, heads = 0;
+    int64_t m = z->m, idx = dpch_hist_index(z->keys, m, c0);
+    uint64_t chosen = c0, successes = 0;
     for (uint64_t b = c0; b <= c1; b++) {
         while (idx < m && (uint64_t)z->keys[idx] < b) idx++;
         int64_t f = 0;
@@ -372,18 +373,14 @@ static inline uint64_t dpch_quantile_pf(const dpch_qscore *z, uint64_t c0, uint6
             f = (int64_t)((z->q - z->a) * L) - (int64_t)(z->a * G);
         }
         int64_t score = f < 0 ? f : -f;
-        uint64_t gap = (uint64_t)(best - score);
-        if (gap == 0 || dpch_bern_exp128((dpch_u128)gap * s, t)) {
-            heads++;
-            if (heads == 1 || dpch_bern_frac64(1, heads)) chosen = b;
-        }
+        if (dpch_pf_flip((uint64_t)(best - score), t, s, &successes)) chosen = b;
     }
-    return chosen; /* heads >= 1: a maximiser's coin always comes up */
+    return chosen;
 }
 
 static inline uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1,
-                                              uint64_t thi, uint64_t tlo, uint64_t s, uint32_t *perm) {
-    return dpch_quantile_pf(z, c0, c1, ((dpch_u128)thi << 64) | tlo, s, perm);
+                                              uint64_t thi, uint64_t tlo, uint64_t s) {
+    return dpch_quantile_pf(z, c0, c1, ((dpch_u128)thi << 64) | tlo, s);
 }
 
 /* ------------------------------------------------------------------------------------------ */

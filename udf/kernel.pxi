@@ -17,7 +17,7 @@ cdef extern from "dpch_kernel.h" nogil:
     int dpch_bern_exp_words(uint64_t nhi, uint64_t nlo, uint64_t dhi, uint64_t dlo)
     int64_t dpch_dlap(uint64_t t, unsigned shift, uint64_t s_div)
     int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi,
-                                                               uint64_t tlo, uint64_t s, int64_t *perm)
+                                                               uint64_t tlo, uint64_t s)
     ctypedef struct dpch_qscore:
         const uint32_t *keys
         const uint64_t *cum
@@ -31,7 +31,7 @@ cdef extern from "dpch_kernel.h" nogil:
     uint64_t dpch_hist_below(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t x)
     int64_t dpch_select_index(const uint64_t *hi, const uint64_t *lo, int64_t length)
     uint64_t dpch_quantile_pf_words(const dpch_qscore *z, uint64_t c0, uint64_t c1, uint64_t thi,
-                                    uint64_t tlo, uint64_t s, uint32_t *perm)
+                                    uint64_t tlo, uint64_t s)
 
     ctypedef struct dpch_dg:
         uint64_t S
@@ -152,7 +152,7 @@ def quantile_levels(alphas):
 
 
 cdef list _quantile_buckets(const uint32_t *keys, const uint64_t *cum, int64_t m, uint64_t buckets,
-                            list levels, double eps, uint64_t rows, uint32_t *perm):
+                            list levels, double eps, uint64_t rows):
     """The buckets chosen for the quantile levels a/Q (`levels`, ints), in their order, jointly
     eps-DP when one privacy unit holds at most `rows` rows of the histogram.
 
@@ -194,14 +194,14 @@ cdef list _quantile_buckets(const uint32_t *keys, const uint64_t *cum, int64_t m
             z.base = dpch_hist_below(keys, cum, m, d0)
             z.top = dpch_hist_below(keys, cum, m, d1 + 1)
         z.a = a
-        b = dpch_quantile_pf_words(&z, c0, c1, t >> 64, t & 0xFFFFFFFFFFFFFFFF, s, perm)
+        b = dpch_quantile_pf_words(&z, c0, c1, t >> 64, t & 0xFFFFFFFFFFFFFFFF, s)
         chosen[uniq[j]] = b
         stack.append((c0, b, d0, b - 1, lo, j, end_lo, uniq[j]))
         stack.append((b, c1, b + 1, d1, j + 1, hi, uniq[j], end_hi))
     return [chosen[a] for a in levels]
 
 
-#: The largest grid the quantile kernel accepts (the scratch permutation holds one uint32 each).
+#: The largest grid the quantile kernel accepts (a release visits every bucket).
 QUANTILE_MAX_BUCKETS = 1 << 24
 
 

@@ -213,7 +213,8 @@ def permute_and_flip(scores, t, s, n):
     (integers, 1 <= t < 2^127, 1 <= s < 2^64): the candidates are visited in a uniformly random
     order and candidate r is accepted with probability exp(-(max(scores) - scores[r]) * s / t),
     decided exactly (CKS20 Alg. 1 on the rational (gap * s) / t); a maximiser is always accepted.
-    Returns the chosen indices (int64 array).
+    Drawn in the equivalent form "every candidate's coin, then a uniform success", so the work does
+    not depend on the scores (udf/dpch_kernel.h, dpch_pf_flip). Returns the chosen indices.
 
     Privacy: if every score moves by at most D between neighbouring datasets and t/s >= 2D/eps,
     the released index is eps-DP (McKenna & Sheldon, Thm. 1); its error is never worse than the
@@ -232,14 +233,12 @@ def permute_and_flip(scores, t, s, n):
     if m > 1 and int(arr.max()) - int(arr.min()) >= (1 << 64):
         raise ValueError("permute_and_flip: scores must span less than 2^64")
     cdef const int64_t[::1] u = arr
-    perm = np.empty(m, dtype=np.int64)
-    cdef int64_t[::1] pv = perm
     out = np.empty(count, dtype=np.int64)
     cdef int64_t[::1] o = out
     cdef uint64_t thi = tt >> 64, tlo = tt & ((1 << 64) - 1), sv = ss
     cdef Py_ssize_t i
     for i in range(count):
-        o[i] = dpch_permute_flip_words(&u[0], m, thi, tlo, sv, &pv[0])
+        o[i] = dpch_permute_flip_words(&u[0], m, thi, tlo, sv)
     return out
 
 
@@ -514,8 +513,6 @@ def quantile_buckets(keys, counts, buckets, levels, epsilon, rows=1, n=1):
     if problem is not None:
         raise ValueError(f"quantile_buckets: {problem}")
     lv = quantile_levels(levels)
-    perm = np.empty(nb, dtype=np.uint32)
-    cdef uint32_t[::1] pv = perm
     cdef Py_ssize_t i
-    return [_quantile_buckets(&kv[0] if m else NULL, &cumv[0], m, nb, lv, float(epsilon), rv, &pv[0])
+    return [_quantile_buckets(&kv[0] if m else NULL, &cumv[0], m, nb, lv, float(epsilon), rv)
             for i in range(count)]

@@ -437,9 +437,8 @@ cdef class _Program:
         cdef uint32_t *keys = <uint32_t *>malloc(4 * m + 4)
         cdef uint64_t *counts = <uint64_t *>malloc(8 * m + 8)
         cdef uint64_t *cum = <uint64_t *>malloc(8 * m + 8)
-        cdef uint32_t *perm = <uint32_t *>malloc(4 * (<Py_ssize_t>buckets) + 4)
         try:
-            if keys == NULL or counts == NULL or cum == NULL or perm == NULL:
+            if keys == NULL or counts == NULL or cum == NULL:
                 raise MemoryError()
             memcpy(keys, self.inbuf + self.start + keys_off, 4 * m)
             memcpy(counts, self.inbuf + self.start + counts_off, 8 * m)
@@ -454,12 +453,11 @@ cdef class _Program:
                     problem = str(exc)
             if problem is not None:
                 raise _Stop(EXIT_BAD_VALUE, f"{problem} (row {row} of block)")
-            chosen = _quantile_buckets(keys, cum, m, buckets, problem_levels, eps, rows, perm)
+            chosen = _quantile_buckets(keys, cum, m, buckets, problem_levels, eps, rows)
         finally:
             free(keys)
             free(counts)
             free(cum)
-            free(perm)
         out = bytearray()
         n = len(chosen)
         while True:  # LEB128 length
