@@ -31,7 +31,6 @@ import pandas as pd
 from .bind import BoundQuery, bind
 from .errors import CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
 from .execute import execute, execute_formatted
-from .mechanisms import QUANTILE_BUCKETS
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
@@ -286,9 +285,9 @@ def explain_prepared(prepared: Prepared) -> Explanation:
             "ci95_halfwidth": float("nan") if q.kind == "quantile" else q.ci_halfwidth_units(0.95) * q.grid,
         })
         if q.kind == "quantile":
-            quantities[-1].update({"levels": list(q.levels), "grid_buckets": QUANTILE_BUCKETS,
-                                   "rows_per_unit_per_group": q.rows, "groups_per_unit": q.coords,
-                                   "rank_halfwidth_95": q.mechanism_object().rank_halfwidth(len(q.levels), 0.95)})
+            facts = q.quantile_facts(0.95)
+            facts["rank_halfwidth_95"] = facts.pop("rank_halfwidth")
+            quantities[-1].update(facts)
     aggregates = []
     for ap in plan.aggregates:
         aggregates.append({

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .mechanisms import QUANTILE_BUCKETS
 from .plan import AggregatePlan, Plan, Quantity
 from .rewrite import Rewritten
 
@@ -136,19 +135,14 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
 
 def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
     if q.kind == "quantile":
-        m = q.mechanism_object()
         return {
             "mechanism": "exponential",
             "sampler": "permute-and-flip over a sparse histogram (Kaplan et al. recursion for several levels)",
-            "grid_buckets": QUANTILE_BUCKETS,
-            "levels": list(q.levels),
-            "rows_per_unit_per_group": q.rows,
             "epsilon": q.epsilon,
-            "epsilon_per_group": q.group_epsilon,
             "delta": 0.0,
             "noise_scale": q.scale,  # temperature in rows at level 0 or 1
-            "rank_halfwidth": m.rank_halfwidth(len(q.levels), level),
             "shared_with_partition_selection": False,
+            **q.quantile_facts(level),
         }
     sens = q.l1 if q.mechanism in ("laplace", "optimal_selection") else q.l2
     return {

@@ -155,11 +155,13 @@ class _Rewriter:
         return f"tuple(sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql})), {value_sql})"
 
     @staticmethod
-    def _hashed_bucket(bucket_sql: str) -> str:
+    def _hashed_bucket(bucket_sql: str, hashed: bool = True) -> str:
         """(keyed hash of the bucket, bucket): sorted, a unit's first r pairs are the r rows it keeps
-        (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS and are dropped later)."""
+        (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS and are dropped later).
+        Row level keeps every row, so no hash is computed there (``hashed=False``: 0)."""
         b = f"ifNull({bucket_sql}, {QUANTILE_BUCKETS})"
-        return f"tuple(sipHash64Keyed({SALT_PLACEHOLDER}, {b}), toUInt32({b}))"
+        key = f"sipHash64Keyed({SALT_PLACEHOLDER}, {b})" if hashed else "toUInt64(0)"
+        return f"tuple({key}, toUInt32({b}))"
 
     def _k(self, j: int) -> str:
         return f"__dp_k{j}"
@@ -192,7 +194,7 @@ class _Rewriter:
             cols = keys_proj + [
                 f"{self._q_agg(q, 'toInt64(count())', 'toInt64(count())', '__dp_e')} AS {q.column}"
                 if q.row_sql is None else f"toInt64(uniqExact({q.row_sql})) AS {q.column}" if q.kind == "distinct" else
-                f"{self._histogram(f'[{self._hashed_bucket(q.row_sql)}]')} AS {q.column}" if q.kind == "quantile"
+                f"{self._histogram(f'[{self._hashed_bucket(q.row_sql, hashed=False)}]')} AS {q.column}" if q.kind == "quantile"
                 else f"sum({q.row_sql}) AS {q.column}"
                 for q in p.quantities]
             return f"SELECT {', '.join(cols)}\nFROM {self.table_sql}{self._where()}{self._group_by()}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..bind import AggCall, BoundQuery
 from ..catalog import TableEntry
 from ..cost import PrivacyCost
-from ..mechanisms import GaussianMechanism, LaplaceMechanism, QuantileMechanism
+from ..mechanisms import QUANTILE_BUCKETS, GaussianMechanism, LaplaceMechanism, QuantileMechanism
 from .bounds import Interval
 from .options import QueryOptions
 
@@ -61,6 +61,13 @@ class Quantity:
     @property
     def noisy_column(self) -> str:
         return f"__dp_n{self.index}"
+
+    def quantile_facts(self, confidence: float) -> dict:
+        """What explain and the result metadata say about a quantile quantity (public facts)."""
+        return {"levels": list(self.levels), "grid_buckets": QUANTILE_BUCKETS,
+                "rows_per_unit_per_group": self.rows, "groups_per_unit": self.coords,
+                "epsilon_per_group": self.group_epsilon,
+                "rank_halfwidth": self.mechanism_object().rank_halfwidth(len(self.levels), confidence)}
 
     def mechanism_object(self):
         if self.noise is not None:
