@@ -208,6 +208,7 @@ class Explanation:
     timings_ms: dict
     per_unit_stage: str = ""  # how the per-unit stage runs; whether a per-unit projection can serve it
     relation: list[str] = field(default_factory=list)  # joins: the tables, how each reaches the unit
+    top_k: dict | None = None  # a top-n query: how it is answered (dpch.plan.top_k.top_k_facts)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -229,6 +230,8 @@ class Explanation:
             lines.append(f"partition selection ({s['rule']} rule, ε={s['epsilon']:.6g}, δ={s['delta']:.3g}, "
                          f"<= {s['max_new_groups_per_unit']} count(s) moved per unit): release a group iff noisy "
                          f"distinct units >= {s['threshold']}; {s['description']}; source: {s['source']}")
+        if self.top_k:
+            lines.append(_top_k_line(self.top_k))
         lines.append("noisy values:")
         for q in self.quantities:
             if q["kind"] == "quantile":
@@ -259,12 +262,30 @@ class Explanation:
         p.text(str(self))
 
 
+def _top_k_line(t: dict) -> str:
+    scores = t.get("order_noise_std")
+    choice = (f" (auto: order noise std {scores['peeling']:.4g} peeling vs {scores['post_processing']:.4g} "
+              "post-processing)") if scores else ""
+    if t["method"] != "peeling":
+        return f"top-n: {t['mechanism']}{choice}"
+    gap = f", 95% score gap <= {t['score_gap_95']:.4g}" if t.get("score_gap_95") is not None else ""
+    return (f"top-n: the {t['n']} groups with the {'largest' if t['order'] == 'descending' else 'smallest'} "
+            f"{t['score']} chosen by {t['mechanism']} among {t['candidates']}, ε={t['epsilon']:.6g} "
+            f"(ε/{t['n']} per round), score sensitivity {t['score_sensitivity']:.6g}, temperature "
+            f"{t['temperature']:.6g}{gap}; values of the chosen groups only "
+            f"(<= {t['groups_per_unit_released']} per unit)" + ("" if t["values_released"] else
+                                                                 ", the score itself not released") + choice)
+
+
 def explain_prepared(prepared: Prepared) -> Explanation:
     from .accelerate import projection_hint
+    from .plan.top_k import top_k_facts
 
     plan = prepared.plan
     quantities = []
     for q in plan.quantities:
+        if not q.released:  # a peeling top-n's score that no output uses (in the top-n line)
+            continue
         quantities.append({
             "label": q.label,
             "kind": "partition selection" if q.is_selection and not q.aggregates else (
@@ -313,7 +334,7 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         quantities=quantities, aggregates=aggregates, outputs=outputs,
         epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
         requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),
-        relation=list(getattr(plan.entry, "layout", ())))
+        relation=list(getattr(plan.entry, "layout", ())), top_k=top_k_facts(plan))
 
 
 def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:

@@ -561,3 +561,84 @@ class QuantileMechanism:
     def value(bucket: int, lo: float, hi: float, buckets: int = QUANTILE_BUCKETS) -> float:
         """The released value of a bucket: its midpoint, inside [lo, hi] (post-processing)."""
         return min(max(lo + (bucket + 0.5) * ((hi - lo) / buckets), lo), hi)
+
+
+@dataclass(frozen=True)
+class TopKMechanism:
+    """Noisy top-n by peeling: n rounds of permute-and-flip (ExponentialMechanism), round i over
+    the candidates not chosen yet, at the temperature ``em_temperature(Δ·n, ε)`` = 2Δn/ε rounded
+    up (Durfee & Rogers 2019 peel exponential mechanisms; permute-and-flip, McKenna & Sheldon
+    2020, is never worse than the exponential mechanism at the same ε). The reference for the
+    kernel's ``_top_k`` (udf/kernel.pxi) and the UDF ``dpch_top_k``.
+
+    Privacy: when every candidate's score moves by at most Δ between neighbouring datasets (any
+    number of scores may move), each round is (ε/n)-DP (McKenna & Sheldon, Thm. 1) and the ordered
+    n-tuple ε-DP by sequential composition (Dwork & Roth Thm 3.16). Pure ε: no δ."""
+
+    epsilon: float
+    n: int
+    sensitivity: int = 1
+
+    def __post_init__(self) -> None:
+        cal.check_epsilon(self.epsilon)
+        if not (isinstance(self.n, int) and 1 <= self.n <= 1 << 12):
+            raise InvalidParameter("top-k: n must be an integer in [1, 4096]")
+        if not (isinstance(self.sensitivity, int) and 1 <= self.sensitivity <= 1 << 62):
+            raise InvalidParameter("top-k: the score sensitivity must be an integer in [1, 2^62]")
+
+    def round_mechanism(self) -> ExponentialMechanism:
+        """One round's permute-and-flip: (ε/n)-DP for scores of sensitivity Δ."""
+        t, s = cal.em_temperature(self.sensitivity * self.n, self.epsilon)
+        return ExponentialMechanism(t, s)
+
+    @property
+    def temperature(self) -> Fraction:
+        """One round's temperature, in score units."""
+        return self.round_mechanism().temperature
+
+    def privacy_function(self) -> PrivacyLoss:
+        """ε = n · (2Δ/T) (rounded up)."""
+        per_round = 2 * Fraction(self.sensitivity) / self.temperature
+        return PrivacyLoss(epsilon=_up(self.n * per_round), delta=0.0)
+
+    def privacy_relation(self, epsilon: float) -> bool:
+        return self.privacy_function().epsilon <= epsilon
+
+    def probabilities(self, scores) -> dict[tuple[int, ...], float]:
+        """The exact distribution of the ordered tuple of chosen indices (for checks; at most 8
+        candidates): the product over rounds of the round's permute-and-flip probability among the
+        candidates left."""
+        u = [int(x) for x in scores]
+        if not 1 <= len(u) <= 8:
+            raise InvalidParameter("probabilities: between 1 and 8 candidates")
+        em = self.round_mechanism()
+        rounds = min(self.n, len(u))
+        out: dict[tuple[int, ...], float] = {}
+
+        def walk(prefix: tuple[int, ...], p: float) -> None:
+            if len(prefix) == rounds:
+                out[prefix] = out.get(prefix, 0.0) + p
+                return
+            left = [i for i in range(len(u)) if i not in prefix]
+            for i, q in zip(left, em.probabilities([u[j] for j in left])):
+                walk(prefix + (i,), p * q)
+
+        walk((), 1.0)
+        return out
+
+    def sample(self, scores, draws: int = 1) -> list[list[int]]:
+        """``draws`` independent releases by the kernel (the UDF's code path)."""
+        from dpch import _noise
+
+        return _noise.top_k(scores, self.n, self.epsilon, self.sensitivity, draws)
+
+    def rank_error(self, candidates: int, beta: float) -> float:
+        """g such that, with probability >= 1 - β, every chosen candidate's score is within g of
+        the best score left in its round: a candidate at gap >= g is accepted with probability
+        <= e^(-g/T), so g = T·ln(m·n/β) bounds it for all m candidates and n rounds (union bound).
+        In score units; public (parameters only)."""
+        m = max(1, int(candidates))
+        b = float(beta)
+        if not 0.0 < b < 1.0:
+            raise InvalidParameter("beta must be in (0, 1)")
+        return float(self.temperature) * math.log(m * min(self.n, m) / b)

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .plan import AggregatePlan, Plan, Quantity
+from .plan.top_k import top_k_facts
 from .rewrite import Rewritten
 
 
@@ -160,7 +161,8 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
                 controller_ms: float | None = None) -> pd.DataFrame:
     level = plan.options.confidence
     noisy: dict[int, np.ndarray] = {}
-    for q, col in zip(plan.quantities, rewritten.internal_columns):
+    for q in plan.quantities:  # a peeling top-n's unreleased score has no column
+        col = f"{q.noisy_column}_out"
         noisy[q.index] = df[col].to_numpy() if col in df.columns else np.zeros(len(df))
     out = df.drop(columns=[c for c in rewritten.internal_columns if c in df.columns]).reset_index(drop=True)
     for q in plan.quantities:
@@ -191,6 +193,7 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         "confidence": level,
         "key_mode": plan.key_mode,
         "selection": None if sel is None else sel.summary(),
+        "top_k": top_k_facts(plan),
         "columns": meta,
         "receipt": getattr(receipt, "id", receipt),
         "sql": rewritten.display_sql,

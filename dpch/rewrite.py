@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlglot import exp
+
 from .bind import sql_of
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
 from .mechanisms import QUANTILE_BUCKETS
@@ -300,9 +302,62 @@ class _Rewriter:
         return (f"SELECT {', '.join(cols)}\nFROM (SELECT {key_cols}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
                 f"AS __dp_agg ON {on}")
 
+    def _selection_first_sql(self, inner: str) -> str:
+        """Peeling top-n over privately selected groups: partition selection runs before the
+        top-n stage (its candidates are the released groups), in its own subquery so that the
+        filter and the released count are one draw."""
+        p = self.plan
+        sel_q = p.quantities[p.selection.quantity]  # type: ignore[union-attr]
+        value = f"toInt64({sel_q.column})"
+        noised = (f"SELECT *, {sel_q.noise_sql(value) if self.noise else value} AS {sel_q.noisy_column}\n"
+                  f"FROM (\n{_indent(inner)}\n)")
+        where = f"\nWHERE {sel_q.noisy_column} >= {p.selection.threshold}" if self.selection else ""  # type: ignore[union-attr]
+        return f"SELECT *\nFROM (\n{_indent(noised)}\n){where}"
+
+    def top_k_sql(self, inner: str) -> str:
+        """The peeling top-n stage (dpch.plan.top_k): every candidate group in one array, the n
+        chosen by dpch_top_k over their true scores (without noise, for neighbouring-dataset checks
+        only: the exact top n, ties by position), then unfolded with their rank (1 = chosen first)."""
+        p = self.plan
+        t = p.top_k
+        assert t is not None
+        cols = [self._k(j) for j in range(self.nk)] + [q.column for q in p.quantities]
+        if p.selection is not None:
+            cols.append(p.quantities[p.selection.quantity].noisy_column)
+        pos = cols.index(p.quantities[t.quantity].column) + 1
+        sign = "" if t.shape.descending else "-"
+        score = f"{sign}toInt64(tupleElement(__dp_t, {pos}))"
+        scores = f"arrayMap(__dp_t -> {score}, __dp_all)"
+        if self.noise:
+            chosen = (f"dpch_top_k({scores}, toUInt32({t.n}), {float_literal(t.epsilon)}, "
+                      f"toUInt64({t.sensitivity}))")
+        else:
+            chosen = (f"arrayMap(__dp_i -> toUInt32(__dp_i - 1), arraySlice(arraySort(__dp_i -> "
+                      f"tuple(-({scores})[__dp_i], __dp_i), arrayEnumerate(__dp_all)), 1, {t.n}))")
+        collect = f"SELECT groupArray(tuple({', '.join(cols)})) AS __dp_all\nFROM (\n{_indent(inner)}\n)"
+        choose = f"SELECT __dp_all, {chosen} AS __dp_top\nFROM (\n{_indent(collect)}\n)"
+        unfold = (f"SELECT arrayJoin(arrayMap((__dp_i, __dp_r) -> tuple(__dp_all[__dp_i + 1], __dp_r), __dp_top, "
+                  f"arrayEnumerate(__dp_top))) AS __dp_g\nFROM (\n{_indent(choose)}\n)")
+        out = [f"tupleElement(tupleElement(__dp_g, 1), {i + 1}) AS {c}" for i, c in enumerate(cols)]
+        return f"SELECT {', '.join(out)}, tupleElement(__dp_g, 2) AS __dp_rank\nFROM (\n{_indent(unfold)}\n)"
+
+    def _noised_here(self, q: Quantity) -> bool:
+        """Whether the noised stage releases q (not a score that no output uses, not the
+        selection count that a top-n plan released before choosing)."""
+        p = self.plan
+        early = p.top_k is not None and p.selection is not None and q.index == p.selection.quantity
+        return q.released and not early
+
     def noised_sql(self, inner: str) -> str:
+        p = self.plan
         cols = [self._k(j) for j in range(self.nk)]
+        if p.top_k is not None:
+            cols.append("__dp_rank")
+            if p.selection is not None:
+                cols.append(p.quantities[p.selection.quantity].noisy_column)
         for q in self.plan.quantities:
+            if not self._noised_here(q):
+                continue
             if q.kind == "quantile":
                 cols.append(f"{self._quantile_buckets(q)} AS {q.noisy_column}")
                 continue
@@ -355,11 +410,14 @@ class _Rewriter:
             return var_samp
         return f"sqrt({var_samp})"
 
+    def _agg_released(self, i: int) -> bool:
+        return all(self.plan.quantities[qi].released for qi in self.plan.aggregates[i].roles.values())
+
     def released_sql(self, inner: str) -> str:
         p = self.plan
-        cols = [self._k(j) for j in range(self.nk)]
-        cols += [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates))]
-        cols += [q.noisy_column for q in p.quantities]
+        cols = [self._k(j) for j in range(self.nk)] + (["__dp_rank"] if p.top_k is not None else [])
+        cols += [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates)) if self._agg_released(i)]
+        cols += [q.noisy_column for q in p.quantities if q.released]
         where = ""
         if p.selection is not None and self.selection:
             sel_q = p.quantities[p.selection.quantity]
@@ -369,14 +427,19 @@ class _Rewriter:
     def outer_sql(self, inner: str, with_internal: bool = True) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         bound = self.plan.bound
         cols = [f"{sql_of(o.template)} AS {quote_ident(o.name)}" for o in bound.outputs]
-        internal = tuple(q.noisy_column for q in self.plan.quantities) if with_internal else ()
+        internal = tuple(q.noisy_column for q in self.plan.quantities if q.released) if with_internal else ()
         cols += [f"{c} AS {c}_out" for c in internal]
         sql = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
         if bound.having is not None:
             sql += f"\nWHERE {sql_of(bound.having)}"
         if bound.order:
             items = []
+            hidden = {f"__dp_a{i}" for i in range(len(self.plan.aggregates)) if not self._agg_released(i)}
             for o in bound.order:
+                if any(isinstance(n, exp.Column) and n.name in hidden for n in o.template.walk()):
+                    # a peeling top-n's score that is not released: the groups come in the order chosen
+                    items.append("__dp_rank ASC")
+                    continue
                 s = sql_of(o.template) + (" DESC" if o.desc else " ASC")
                 if o.nulls_first is not None:
                     s += " NULLS FIRST" if o.nulls_first else " NULLS LAST"
@@ -395,6 +458,10 @@ class _Rewriter:
     def build(self) -> Rewritten:
         groups = self.groups_sql()
         keyed = self.with_public_keys(groups)
+        if self.plan.top_k is not None:
+            if self.plan.selection is not None:
+                keyed = self._selection_first_sql(keyed)
+            keyed = self.top_k_sql(keyed)
         noised = self.noised_sql(keyed)
         released = self.released_sql(noised)
         display, names, internal = self.outer_sql(released)

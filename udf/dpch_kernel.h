@@ -281,6 +281,35 @@ static inline int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint6
     return dpch_permute_flip(u, n, ((dpch_u128)thi << 64) | tlo, s);
 }
 
+/* Top-n by peeling (Durfee & Rogers 2019: peeling exponential mechanisms; here each round is
+ * permute-and-flip): n rounds, round i chooses among the candidates not chosen yet, every one of
+ * them flipping its coin (the same work on every dataset with m candidates). Writes the chosen
+ * indices to out[0..min(n, m)) in the order chosen and returns how many; `taken` is m bytes of
+ * scratch. With t/s >= 2*D*n/eps for scores of sensitivity D each round is (eps/n)-DP and the
+ * whole release eps-DP (sequential composition, Dwork & Roth Thm 3.16). */
+static inline int64_t dpch_top_k(const int64_t *u, int64_t m, int64_t n, dpch_u128 t, uint64_t s,
+                                 unsigned char *taken, int64_t *out) {
+    int64_t rounds = n < m ? n : m;
+    for (int64_t r = 0; r < m; r++) taken[r] = 0;
+    for (int64_t i = 0; i < rounds; i++) {
+        int64_t best = INT64_MIN, chosen = -1;
+        uint64_t successes = 0;
+        for (int64_t r = 0; r < m; r++)
+            if (!taken[r] && u[r] > best) best = u[r];
+        for (int64_t r = 0; r < m; r++)
+            if (!taken[r] && dpch_pf_flip((uint64_t)((dpch_i128)best - (dpch_i128)u[r]), t, s, &successes))
+                chosen = r;
+        taken[chosen] = 1;
+        out[i] = chosen;
+    }
+    return rounds;
+}
+
+static inline int64_t dpch_top_k_words(const int64_t *u, int64_t m, int64_t n, uint64_t thi, uint64_t tlo,
+                                       uint64_t s, unsigned char *taken, int64_t *out) {
+    return dpch_top_k(u, m, n, ((dpch_u128)thi << 64) | tlo, s, taken, out);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Quantiles: permute-and-flip over the buckets of a fixed grid, from a sparse histogram        */
 /* ------------------------------------------------------------------------------------------ */

@@ -4,6 +4,7 @@
 # only differs in using Python integers.
 
 from libc.stdint cimport INT64_MAX, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 cdef extern from "dpch_kernel.h" nogil:
     int dpch_rng_init()
@@ -18,6 +19,8 @@ cdef extern from "dpch_kernel.h" nogil:
     int64_t dpch_dlap(uint64_t t, unsigned shift, uint64_t s_div)
     int64_t dpch_permute_flip_words(const int64_t *u, int64_t n, uint64_t thi,
                                                                uint64_t tlo, uint64_t s)
+    int64_t dpch_top_k_words(const int64_t *u, int64_t m, int64_t n, uint64_t thi, uint64_t tlo,
+                             uint64_t s, unsigned char *taken, int64_t *out)
     ctypedef struct dpch_qscore:
         const uint32_t *keys
         const uint64_t *cum
@@ -283,3 +286,58 @@ def selection_table(double epsilon, double delta):
     parameter when the rule cannot be used)."""
     from dpch.partition_selection import optimal_table
     return _SelectionTable(optimal_table(epsilon, delta))
+
+
+# ------------------------------------------------------------------------------------------------
+# Noisy top-n by peeling permute-and-flip (dpch.mechanisms.TopKMechanism, docs/NOISE.md "Top-k")
+# ------------------------------------------------------------------------------------------------
+
+#: At most this many candidates and rounds (a release flips about m * n coins).
+TOP_K_MAX_CANDIDATES = 1 << 22
+TOP_K_MAX_ROUNDS = 1 << 12
+#: Scores are integers below 2^62 in absolute value, so every gap is below 2^63.
+TOP_K_MAX_SCORE = 1 << 62
+TOP_K_MAX_SENSITIVITY = 1 << 62
+
+
+cdef object _top_k_problem(const int64_t *u, int64_t m, int64_t n, double eps, uint64_t sens):
+    """The problem with a top-n release's input (naming the argument, never a value), or None."""
+    cdef int64_t i
+    if m > TOP_K_MAX_CANDIDATES:
+        return f"at most {TOP_K_MAX_CANDIDATES} candidate scores"
+    if n < 1 or n > TOP_K_MAX_ROUNDS:
+        return f"n must be between 1 and {TOP_K_MAX_ROUNDS}"
+    if not (eps > 0.0 and eps < float("inf")):
+        return "epsilon must be a finite number > 0"
+    if sens < 1 or sens > TOP_K_MAX_SENSITIVITY:
+        return "sensitivity must be between 1 and 2^62"
+    for i in range(m):
+        if u[i] >= TOP_K_MAX_SCORE or u[i] <= -TOP_K_MAX_SCORE:
+            return "scores must be below 2^62 in absolute value"
+    return None
+
+
+cdef list _top_k(const int64_t *u, int64_t m, int64_t n, double eps, uint64_t sens):
+    """Indices of the n candidates chosen by n rounds of permute-and-flip over the ones not chosen
+    yet, in the order chosen (all m when m <= n), each round at temperature
+    calibration.em_temperature(sens * n, eps) = 2 * sens * n / eps rounded up: (eps/n)-DP per round
+    for scores of sensitivity `sens` (McKenna & Sheldon 2020, Thm 1), eps-DP in all (sequential
+    composition). Checked input only (_top_k_problem)."""
+    from dpch.calibration import em_temperature
+
+    if m == 0:
+        return []
+    t, s = em_temperature(sens * n, eps)
+    cdef unsigned char *taken = <unsigned char *>malloc(m)
+    cdef int64_t *out = <int64_t *>malloc(8 * (n if n < m else m))
+    cdef int64_t got, i
+    cdef uint64_t thi = t >> 64, tlo = t & 0xFFFFFFFFFFFFFFFF, sv = s
+    try:
+        if taken == NULL or out == NULL:
+            raise MemoryError()
+        with nogil:
+            got = dpch_top_k_words(u, m, n, thi, tlo, sv, taken, out)
+        return [out[i] for i in range(got)]
+    finally:
+        free(taken)
+        free(out)

@@ -44,6 +44,7 @@ __all__ = [
     "rng_bytes_used",
     "timed_discrete_gaussian",
     "timed_discrete_laplace",
+    "top_k",
     "uniform",
 ]
 
@@ -516,3 +517,26 @@ def quantile_buckets(keys, counts, buckets, levels, epsilon, rows=1, n=1):
     cdef Py_ssize_t i
     return [_quantile_buckets(&kv[0] if m else NULL, &cumv[0], m, nb, lv, float(epsilon), rv)
             for i in range(count)]
+
+
+def top_k(scores, n, epsilon, sensitivity, draws=1):
+    """`draws` independent top-`n` releases over integer `scores` (int64 array-like; |score| <
+    2^62): each a list of the chosen indices in the order chosen (all of them when there are at
+    most n). Round i runs permute-and-flip over the candidates not chosen yet at temperature
+    2 * sensitivity * n / epsilon (rounded up, exact). The same code path as the UDF dpch_top_k.
+
+    Privacy: epsilon-DP when every score moves by at most `sensitivity` between neighbouring
+    datasets (n rounds of (epsilon/n)-DP permute-and-flip, McKenna & Sheldon 2020 Thm 1, composed
+    sequentially; the peeling of Durfee & Rogers 2019)."""
+    arr = np.ascontiguousarray(scores, dtype=np.int64).reshape(-1)
+    cdef int64_t m = arr.shape[0]
+    cdef int64_t nn = _int_arg("top_k", "n", n, 1)
+    cdef uint64_t sens = _int_arg("top_k", "sensitivity", sensitivity, 1)
+    cdef Py_ssize_t count = _int_arg("top_k", "draws", draws, 0)
+    cdef double eps = float(epsilon)
+    cdef const int64_t[::1] u = arr if m > 0 else np.zeros(1, dtype=np.int64)
+    problem = _top_k_problem(&u[0], m, nn, eps, sens)
+    if problem is not None:
+        raise ValueError(f"top_k: {problem}")
+    return [_top_k(&u[0], m, nn, eps, sens) for _ in range(count)]
+

@@ -17,6 +17,9 @@ Functions (docs/NOISE.md):
                  the buckets chosen for the quantile levels from a sparse histogram over the grid
                  0..buckets-1 (kernel.pxi _quantile_buckets; eps-DP when one privacy unit holds at
                  most `rows` rows of the histogram)
+  top_k          (scores Array(Int64), n UInt32, epsilon Float64, sensitivity UInt64) -> Array(UInt32)
+                 the 0-based indices of n scores chosen by peeling permute-and-flip, in the order
+                 chosen (kernel.pxi _top_k; eps-DP when each score moves by at most `sensitivity`)
   partition_select (n Int64, epsilon Float64, delta Float64, threshold Int64) -> Int64
                  private partition selection by the optimal rule (Desfontaines et al., PoPETs 2022,
                  Thm 1) for a group of n >= 0 distinct units: the released count n - J + t, where
@@ -38,12 +41,13 @@ import sys
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport uint32_t
 from libc.math cimport isfinite, isnan
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memchr, memcpy, memmove
 from posix.unistd cimport read, write
 
 cdef enum:
-    IN_CAP = 1 << 22          # input buffer (bytes)
+    IN_CAP = 1 << 22          # input buffer (bytes); grows for one large array row
+    MAX_ROW = 1 << 26         # the largest array row (bytes): 64 MiB
     MAX_HEADER = 24           # "N\n": at most 19 digits + newline (+ slack)
 
 cdef enum:
@@ -54,6 +58,7 @@ cdef enum:
     F_GAUSSIAN_SIGMA = 4
     F_QUANTILES = 5
     F_PARTITION_SELECT = 6
+    F_TOP_K = 7
 
 FUNCTIONS = {
     "laplace": F_LAPLACE,
@@ -63,11 +68,27 @@ FUNCTIONS = {
     "gaussian_sigma": F_GAUSSIAN_SIGMA,
     "quantiles": F_QUANTILES,
     "partition_select": F_PARTITION_SELECT,
+    "top_k": F_TOP_K,
 }
 
 EXIT_OK = 0
 EXIT_BAD_VALUE = 2
 EXIT_MALFORMED = 3
+
+
+def _array_u32(values):
+    """RowBinary Array(UInt32): LEB128 length, then little-endian values."""
+    out = bytearray()
+    n = len(values)
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    for b in values:
+        out += (<uint32_t>b).to_bytes(4, "little")
+    return bytes(out)
 
 
 class _Stop(Exception):
@@ -83,6 +104,7 @@ cdef class _Program:
     cdef str name
     cdef int fn
     cdef unsigned char *inbuf
+    cdef Py_ssize_t cap
     cdef Py_ssize_t start, end
     cdef bint eof
     cdef unsigned char *outbuf
@@ -107,6 +129,7 @@ cdef class _Program:
         self.name = name
         self.fn = fn
         self.inbuf = <unsigned char *>malloc(IN_CAP)
+        self.cap = IN_CAP
         # at most IN_CAP / 16 rows are processed per chunk, 8 output bytes each
         self.outbuf = <unsigned char *>malloc(IN_CAP // 2 + 64)
         if self.inbuf == NULL or self.outbuf == NULL:
@@ -135,10 +158,10 @@ cdef class _Program:
                 memmove(self.inbuf, self.inbuf + self.start, self.end - self.start)
             self.end -= self.start
             self.start = 0
-        if self.end >= IN_CAP:
+        if self.end >= self.cap:
             return 0
         while True:
-            n = read(0, self.inbuf + self.end, IN_CAP - self.end)
+            n = read(0, self.inbuf + self.end, self.cap - self.end)
             if n < 0:
                 if errno == EINTR:
                     continue
@@ -365,6 +388,8 @@ cdef class _Program:
                 self._fill()
                 continue
             take = avail if avail < nrows - done else nrows - done
+            if take > IN_CAP // rowsize:  # the output buffer's capacity
+                take = IN_CAP // rowsize
             if self.fn == F_GAUSSIAN_SIGMA:
                 self._rows_sigma(self.inbuf + self.start, take, done)
             elif self.fn == F_PARTITION_SELECT:
@@ -381,10 +406,21 @@ cdef class _Program:
     cdef int _need(self, Py_ssize_t have) except -1:
         """Make at least `have` bytes available from self.start (offsets stay valid: _fill only
         moves the unread part to the buffer's start)."""
+        cdef unsigned char *grown
         while self.end - self.start < have:
-            if have > IN_CAP:
-                raise _Stop(EXIT_BAD_VALUE, "a row is larger than the 4 MiB input buffer "
-                                            "(too many buckets)")
+            if have > MAX_ROW:
+                raise _Stop(EXIT_BAD_VALUE, "a row is larger than 64 MiB (too many buckets or scores)")
+            if have > self.cap - self.start:
+                if self.start > 0:  # compact first: offsets are relative to self.start
+                    memmove(self.inbuf, self.inbuf + self.start, self.end - self.start)
+                    self.end -= self.start
+                    self.start = 0
+                if have > self.cap:
+                    grown = <unsigned char *>realloc(self.inbuf, MAX_ROW if have > MAX_ROW // 2 else 2 * have)
+                    if grown == NULL:
+                        raise MemoryError()
+                    self.inbuf = grown
+                    self.cap = MAX_ROW if have > MAX_ROW // 2 else 2 * have
             if self.eof:
                 raise _Stop(EXIT_MALFORMED, "malformed input: truncated row")
             self._fill()
@@ -458,23 +494,42 @@ cdef class _Program:
             free(keys)
             free(counts)
             free(cum)
-        out = bytearray()
-        n = len(chosen)
-        while True:  # LEB128 length
-            byte = n & 0x7F
-            n >>= 7
-            out.append(byte | (0x80 if n else 0))
-            if not n:
-                break
-        for b in chosen:
-            out += (<uint32_t>b).to_bytes(4, "little")
-        return bytes(out)
+        return _array_u32(chosen)
 
-    cdef int _block_quantiles(self, long long nrows) except -1:
+    cdef bytes _top_k_row(self, Py_ssize_t row) except *:
+        """Parse one row of `top_k` at self.start, consume it, return its RowBinary result (the
+        chosen indices, 0-based, in the order chosen)."""
+        cdef Py_ssize_t off = 0, m
+        cdef uint32_t n
+        cdef double eps
+        cdef uint64_t sens
+        m = self._varint(&off)
+        self._need(off + 8 * m + 20)
+        cdef Py_ssize_t scores_off = off
+        off += 8 * m
+        memcpy(&n, self.inbuf + self.start + off, 4)
+        memcpy(&eps, self.inbuf + self.start + off + 4, 8)
+        memcpy(&sens, self.inbuf + self.start + off + 12, 8)
+        off += 20
+        cdef int64_t *scores = <int64_t *>malloc(8 * m + 8)
+        try:
+            if scores == NULL:
+                raise MemoryError()
+            memcpy(scores, self.inbuf + self.start + scores_off, 8 * m)
+            self.start += off
+            problem = _top_k_problem(scores, m, n, eps, sens)
+            if problem is not None:
+                raise _Stop(EXIT_BAD_VALUE, f"{problem} (row {row} of block)")
+            chosen = _top_k(scores, m, n, eps, sens)
+        finally:
+            free(scores)
+        return _array_u32(chosen)
+
+    cdef int _block_arrays(self, long long nrows) except -1:
         cdef long long i
         parts = []
         for i in range(nrows):
-            parts.append(self._quantile_row(i))
+            parts.append(self._top_k_row(i) if self.fn == F_TOP_K else self._quantile_row(i))
         data = b"".join(parts)
         self._write_all(data, len(data))
         return 0
@@ -485,8 +540,8 @@ cdef class _Program:
             n = self._header()
             if n < 0:
                 return 0
-            if self.fn == F_QUANTILES:
-                self._block_quantiles(n)
+            if self.fn == F_QUANTILES or self.fn == F_TOP_K:
+                self._block_arrays(n)
             else:
                 self._block(n)
 

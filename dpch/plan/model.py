@@ -10,6 +10,7 @@ from ..catalog import TableEntry
 from ..cost import PrivacyCost
 from ..mechanisms import QUANTILE_BUCKETS, GaussianMechanism, LaplaceMechanism, QuantileMechanism
 from .bounds import Interval
+from .top_k import TopK
 from .options import QueryOptions
 
 
@@ -44,6 +45,9 @@ class Quantity:
     levels: tuple[float, ...] = ()
     rows: int = 1
     coords: int = 1
+    # False: a peeling top-n plan's score that no output uses; it orders the groups and is never
+    # released (no noise, no budget)
+    released: bool = True
     # a noise mechanism object set by the planner (the optimal partition-selection rule's
     # dpch.plan.selection.OptimalSelectionNoise); None: the one named by `mechanism`
     noise: object | None = None
@@ -161,6 +165,9 @@ class Plan:
     selection: Selection | None
     cost: PrivacyCost
     key_types: tuple[str, ...] | None = None  # the engine's type of each GROUP BY key (None: unknown)
+    top_k: "TopK | None" = None  # a peeling top-n selection (dpch.plan.top_k)
+    # a top-n query planned both ways: each way's order noise (std, score units), for explain
+    top_k_scores: dict[str, float] | None = None
 
     @property
     def grouped(self) -> bool:

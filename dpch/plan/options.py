@@ -13,6 +13,10 @@ from ..errors import InvalidParameter
 MECHANISMS = ("auto", "laplace", "gaussian")
 #: Partition-selection rules (dpch.plan.selection): "auto" picks by a data-independent score.
 SELECTION_RULES = ("auto", "optimal", "gaussian", "laplace")
+#: How a top-n query (ORDER BY COUNT/SUM LIMIT n) is answered (dpch.plan.top_k): "peeling" chooses
+#: the n groups by peeling permute-and-flip and then noises only their values; "post_processing"
+#: noises every group and sorts the noisy values; "auto" picks by a data-independent score.
+TOP_K_METHODS = ("auto", "peeling", "post_processing")
 
 
 @dataclass(frozen=True)
@@ -32,9 +36,11 @@ class QueryOptions:
     max_rows_per_group: int | None = None
     # Private partition selection rule (docs/CONTROLLER.md, "Partition selection").
     selection: str = "auto"
+    # How `ORDER BY <COUNT/SUM> DESC LIMIT n` is answered (docs/CONTROLLER.md, "Top-k").
+    top_k: str = "auto"
 
     FIELDS = ("mechanism", "weights", "keys", "confidence", "with_ci", "max_groups_contributed",
-              "max_rows_per_unit", "max_rows_per_group", "selection")
+              "max_rows_per_unit", "max_rows_per_group", "selection", "top_k")
     CONTRIBUTION = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
 
     @classmethod
@@ -62,6 +68,9 @@ class QueryOptions:
         selection = options.get("selection", "auto")
         if selection not in SELECTION_RULES:
             raise InvalidParameter(f"selection must be one of {', '.join(SELECTION_RULES)}")
+        top_k = options.get("top_k", "auto")
+        if top_k not in TOP_K_METHODS:
+            raise InvalidParameter(f"top_k must be one of {', '.join(TOP_K_METHODS)}")
         bounds = {}
         for name in cls.CONTRIBUTION:
             v = options.get(name)
@@ -70,7 +79,7 @@ class QueryOptions:
                     raise InvalidParameter(f"{name} must be an integer in [1, 1000000]")
                 bounds[name] = int(v)
         return cls(mechanism=mech, weights=dict(weights) if weights else None,
-                   keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection,
+                   keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection, top_k=top_k,
                    **bounds)
 
     def contribution(self) -> dict[str, int]:

@@ -5,6 +5,7 @@ and the PrivacyCost."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 from sqlglot import exp
@@ -21,6 +22,8 @@ from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
 from .options import QueryOptions, check_budget_args
 from .selection import choose_selection
 from .sensitivity import row_sensitivity, unit_sensitivity
+from .top_k import (GUMBEL_STD, MAX_PEELING_ROUNDS, TOP_K_WEIGHT_KEY, TopK, TopKShape, noise_std, require_shape,
+                    score_sensitivity)
 
 FIXED_POINT_BITS = 20
 MAX_PUBLIC_GROUPS = 1_000_000
@@ -34,7 +37,7 @@ def _grid(halfwidth: float) -> float:
 
 class _Planner:
     def __init__(self, bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions,
-                 key_types: Sequence[str] | None = None):
+                 key_types: Sequence[str] | None = None, peeling: TopKShape | None = None):
         self.key_types = tuple(key_types) if key_types is not None else None
         self.bound = bound
         self.entry = bound.entry
@@ -50,6 +53,12 @@ class _Planner:
             row_level=e.row_level, neighbour=e.neighbour)
         self.quantities: list[Quantity] = []
         self.qindex: dict[str, int] = {}
+        # a peeling top-n plan releases values of n groups only: one unit moves at most min(k, n)
+        # of them (dpch.plan.top_k), the bounding that the released values' sensitivity uses
+        self.peeling = peeling
+        self.release = (replace(self.bounding, k=min(self.bounding.k, peeling.n)) if peeling is not None
+                        else self.bounding)
+        self.top_k: TopK | None = None
 
     # -- quantities -------------------------------------------------------------------------
     @property
@@ -117,7 +126,7 @@ class _Planner:
         return self._quantity(f"quantile|{call.levels}|{row}", label=call.text, kind="quantile", row_sql=row,
                               lo_units=0, hi_units=1, grid=1.0, centre=0.0, value_interval=iv,
                               levels=call.levels, rows=1 if b.row_level else min(b.max_rows, b.rows_per_group),
-                              coords=self._coords())
+                              coords=self._coords(self.release))
 
     def _plan_aggregate(self, call: AggCall) -> AggregatePlan:
         e = self.entry
@@ -213,6 +222,8 @@ class _Planner:
         for ap in agg_plans:
             for qi in ap.roles.values():
                 self.quantities[qi].aggregates.append(ap.call.index)
+        if self.peeling is not None:
+            self._plan_top_k(agg_plans, key_mode, key_domains)
 
         self._sensitivities()
         self._split_budget(agg_plans)
@@ -222,20 +233,54 @@ class _Planner:
             # from the budget and the contribution bounds only (dpch.plan.selection); its noisy count
             # is the units quantity's released value
             q = self.quantities[selection_q]
-            coords = self._coords()
+            coords = self._coords(self.bounding)
             rule = choose_selection(q.epsilon, q.delta, coords, self.options.selection)
             q.mechanism, q.scale, q.noise = rule.mechanism, rule.scale, rule.noise()
             selection = Selection(quantity=selection_q, threshold=rule.threshold, epsilon=q.epsilon, delta=q.delta,
                                   scale=rule.scale, new_groups=coords, rule=rule)
-        cost = PrivacyCost(mechanisms=tuple(self._cost(q) for q in self.quantities))
+        costs = [self._cost(q) for q in self.quantities if q.released]
+        if self.top_k is not None:
+            t = self.top_k
+            costs.append(MechanismCost(kind="exponential", sensitivity=float(t.sensitivity), scale=t.temperature,
+                                       epsilon=t.epsilon, delta=0.0, rho=None, label="top-k selection"))
+        cost = PrivacyCost(mechanisms=tuple(costs))
         return Plan(bound=bound, entry=self.entry, epsilon=self.epsilon, delta=self.delta, options=self.options,
                     bounding=self.bounding, quantities=self.quantities, aggregates=agg_plans, key_mode=key_mode,
-                    key_domains=key_domains, selection=selection, cost=cost, key_types=self.key_types)
+                    key_domains=key_domains, selection=selection, cost=cost, key_types=self.key_types,
+                    top_k=self.top_k)
+
+    def _plan_top_k(self, agg_plans: list[AggregatePlan], key_mode: str, key_domains: list[KeyDomain | None]) -> None:
+        """The peeling selection of a top-n query (dpch.plan.top_k): its score quantity, Δ, and
+        whether the ordering aggregate's value is released at all."""
+        shape = self.peeling
+        assert shape is not None
+        candidates = None
+        if key_mode == "public":
+            candidates = 1
+            for d in key_domains:
+                candidates *= max(d.size, 1)  # type: ignore[union-attr]
+            if candidates <= shape.n:  # every group is released anyway: nothing to choose
+                return
+        ap = agg_plans[shape.aggregate]
+        qi = ap.roles["sum"] if ap.func == "sum" else ap.roles["count"]
+        q = self.quantities[qi]
+        b = self.bounding
+        rows = 1 if b.row_level else min(b.max_rows, b.rows_per_group)
+        delta_score = score_sensitivity(q.kind, q.lo_units, q.hi_units, rows, b.neighbour == "substitute")
+        in_outputs = set()
+        for out in self.bound.outputs:
+            in_outputs.update(int(n.name[len("__dp_a"):]) for n in out.template.walk()
+                              if isinstance(n, exp.Column) and n.name.startswith("__dp_a"))
+        score_only = not q.is_selection and not any(a in in_outputs for a in q.aggregates)
+        if score_only:
+            q.released = False
+        self.top_k = TopK(shape=shape, quantity=qi, sensitivity=delta_score, release_k=self.release.k,
+                          score_only=score_only, candidates=candidates)
 
     def _sensitivities(self) -> None:
         grouped = self.bound.grouped
-        b = self.bounding
         for q in self.quantities:
+            b = self.bounding if q.is_selection else self.release
             if q.kind == "quantile":  # rows of one unit in one group's histogram (the score's unit)
                 q.l1 = q.l2 = float(q.rows)
                 continue
@@ -249,7 +294,7 @@ class _Planner:
 
     def _weights(self, agg_plans: list[AggregatePlan]) -> None:
         weights = dict(self.options.weights or {})
-        known = {SELECTION_WEIGHT_KEY}
+        known = {SELECTION_WEIGHT_KEY, TOP_K_WEIGHT_KEY}
         by_output: dict[str, list[int]] = {}
         for out in self.bound.outputs:
             refs = [int(n.name[len("__dp_a"):]) for n in out.template.walk()
@@ -262,8 +307,8 @@ class _Planner:
         unknown = sorted(set(weights) - known)
         if unknown:
             raise InvalidParameter(f"weights: unknown label(s) {', '.join(map(repr, unknown))}; use output column "
-                                   f"names, quantity labels ({', '.join(repr(q.label) for q in self.quantities if not q.is_selection)}) "
-                                   f"or {SELECTION_WEIGHT_KEY!r}")
+                                   f"names, quantity labels ({', '.join(repr(q.label) for q in self.quantities if not q.is_selection)}), "
+                                   f"{SELECTION_WEIGHT_KEY!r} or {TOP_K_WEIGHT_KEY!r}")
         for q in self.quantities:
             q.weight = 1.0
         for name, qis in by_output.items():
@@ -275,45 +320,53 @@ class _Planner:
                 q.weight = float(weights[SELECTION_WEIGHT_KEY])
             elif q.label in weights:
                 q.weight = float(weights[q.label])
+            if not q.released:
+                q.weight = 0.0
+        if self.top_k is not None:
+            self.top_k.weight = float(weights.get(TOP_K_WEIGHT_KEY, 1.0))
 
     def _split_budget(self, agg_plans: list[AggregatePlan]) -> None:
         self._weights(agg_plans)
-        total_w = sum(q.weight for q in self.quantities)
+        top_w = self.top_k.weight if self.top_k is not None else 0.0
+        total_w = sum(q.weight for q in self.quantities) + top_w
         for q in self.quantities:
             q.epsilon = self.epsilon * q.weight / total_w
+        if self.top_k is not None:
+            self.top_k.epsilon = self.epsilon * top_w / total_w
+        released = [q for q in self.quantities if q.released]
         mech = self.options.mechanism
         if mech == "gaussian" and self.delta <= 0:
             raise InvalidParameter("mechanism='gaussian' needs delta > 0")
         if mech == "laplace" or self.delta <= 0:
-            choice = {q.index: "laplace" for q in self.quantities}
+            choice = {q.index: "laplace" for q in released}
         elif mech == "gaussian":
-            choice = {q.index: ("laplace" if q.is_selection else "gaussian") for q in self.quantities}
+            choice = {q.index: ("laplace" if q.is_selection else "gaussian") for q in released}
         else:
-            n_cons = len(self.quantities)
+            n_cons = len(released)
             tentative = self.delta / n_cons
             choice = {}
-            for q in self.quantities:
+            for q in released:
                 if q.is_selection:
                     choice[q.index] = "laplace"
                     continue
                 b = cal.laplace_scale(q.l1, q.epsilon)
                 # a fast estimate decides (accuracy only; the σ actually used is calibrated below)
                 if q.multi_coordinate:
-                    sigma = vector_gaussian_sigma(q.l2, q.epsilon, tentative, self._coords())
+                    sigma = vector_gaussian_sigma(q.l2, q.epsilon, tentative, self._coords(self.release))
                 else:
                     sigma = cal.analytic_gaussian_sigma(q.l2, q.epsilon, tentative)
                 choice[q.index] = "gaussian" if sigma < math.sqrt(2.0) * b else "laplace"
-        for q in self.quantities:
+        for q in released:
             if q.kind == "quantile":
                 choice[q.index] = "exponential"
-        consumers = [q for q in self.quantities if choice[q.index] == "gaussian" or q.is_selection]
+        consumers = [q for q in released if choice[q.index] == "gaussian" or q.is_selection]
         for q in self.quantities:
-            q.mechanism = choice[q.index]
+            q.mechanism = choice.get(q.index, "none")
             q.delta = 0.0
         if consumers and self.delta > 0:
             for q in consumers:
                 q.delta = self.delta / len(consumers)
-        for q in self.quantities:
+        for q in released:
             if q.mechanism == "exponential":
                 q.scale = 2.0 * q.rows / q.group_epsilon  # the temperature at level 0 or 1, in rows
             elif q.mechanism == "laplace":
@@ -321,14 +374,15 @@ class _Planner:
             else:
                 q.scale = self._gaussian_scale(q, q.epsilon, q.delta)
 
-    def _coords(self) -> int:
-        """How many released values one unit can move (per quantity)."""
-        b = self.bounding
+    @staticmethod
+    def _coords(b: Bounding) -> int:
+        """How many values one unit can move (per quantity) under bounding ``b`` (the plan's, or
+        for released values of a peeling top-n plan, min(k, n) groups)."""
         return b.k * (2 if b.neighbour == "substitute" else 1)
 
     def _gaussian_scale(self, q: Quantity, eps: float, delta: float) -> float:
         if q.multi_coordinate:
-            return vector_gaussian_sigma(q.l2, eps, delta, self._coords())
+            return vector_gaussian_sigma(q.l2, eps, delta, self._coords(self.release))
         # one released value moves, by an integer number of units (dpch.plan's docstring, point 5)
         d = float(round(q.l2))
         assert abs(d - q.l2) < 1e-9 * max(1.0, d), "single-coordinate L2 sensitivity must be an integer"
@@ -347,16 +401,46 @@ class _Planner:
             return LaplaceMechanism(q.scale, True).cost(q.l1, q.epsilon, label=label)
         if q.multi_coordinate:
             r = cal.granularity(q.scale, cal.GAUSSIAN_GRID_BITS, True)
-            d = q.l2 if r == 1.0 else q.l2 + r * math.sqrt(self._coords())
+            d = q.l2 if r == 1.0 else q.l2 + r * math.sqrt(self._coords(self.release))
             return MechanismCost(kind="gaussian", sensitivity=d, scale=q.scale, epsilon=q.epsilon,
                                  delta=q.delta, rho=cal.zcdp_rho(d, q.scale), label=label)
         return GaussianMechanism(q.scale, True).cost(q.l2, q.delta, q.epsilon, label=label)
 
 
+def _order_noise(plan: Plan) -> float:
+    """The data-independent score of a top-n plan (dpch.plan.top_k): the standard deviation of
+    the noise that decides the order, in score units."""
+    t = plan.top_k
+    if t is None:  # post-processing: the ordering aggregate's own noise
+        ap = plan.aggregates[require_shape(plan.bound, "auto").aggregate]  # type: ignore[union-attr]
+        q = plan.quantities[ap.roles["sum"] if ap.func == "sum" else ap.roles["count"]]
+        return noise_std(q.mechanism, q.scale)
+    q = plan.quantities[t.quantity]
+    value = noise_std(q.mechanism, q.scale) if q.released else 0.0
+    return max(GUMBEL_STD * t.temperature, value)
+
+
 def make_plan(bound: BoundQuery, epsilon: float, delta: float, options: QueryOptions | None = None,
               key_types: Sequence[str] | None = None) -> Plan:
     """Plan ``bound`` under (ε, δ). ``key_types``: the engine's type of each GROUP BY key (public
-    key values are cast to it and de-duplicated in it). Raises QueryRejected / InvalidParameter;
-    charges nothing."""
+    key values are cast to it and de-duplicated in it). A top-n query (ORDER BY COUNT/SUM LIMIT n)
+    is planned both ways, post-processing and peeling (option ``top_k``), and ``auto`` keeps the
+    one whose order is decided by less noise (dpch.plan.top_k). Raises QueryRejected /
+    InvalidParameter; charges nothing."""
     eps, dlt = check_budget_args(epsilon, delta)
-    return _Planner(bound, eps, dlt, options or QueryOptions(), key_types).plan()
+    opts = options or QueryOptions()
+    shape = require_shape(bound, opts.top_k)
+    base = None
+    if opts.top_k != "peeling":
+        base = _Planner(bound, eps, dlt, opts, key_types).plan()
+        if shape is None or opts.top_k == "post_processing" or shape.n > MAX_PEELING_ROUNDS:
+            return base
+    peel = _Planner(bound, eps, dlt, opts, key_types, peeling=shape).plan()
+    if base is None:
+        return peel
+    if peel.top_k is None:
+        return base
+    scores = {"post_processing": _order_noise(base), "peeling": _order_noise(peel)}
+    chosen = peel if scores["peeling"] < scores["post_processing"] else base
+    chosen.top_k_scores = scores
+    return chosen

@@ -261,6 +261,26 @@ CASES = [
     # COUNT(DISTINCT non-unit) (issue 15): unit 42's own values, partial expressions, NULLs
     C("count_distinct_name", "SELECT region, COUNT(DISTINCT name) AS v FROM {t} GROUP BY region",
       "COUNT(DISTINCT name): unit 42's distinct names", delta=DELTA_SEL),
+    # ---------------------------------------------------------------- top-n (issue 15)
+    # peeling over the public regions: row count fixed (2), keys random, charged on both
+    C("topk_count_public", "SELECT region, COUNT(*) AS n FROM {t} GROUP BY region ORDER BY n DESC LIMIT 2",
+      "top-2 regions by count (peeling)", options={"top_k": "peeling"}, must_answer=True),
+    C("topk_sum_asc_offset", "SELECT region, SUM(amount) AS s FROM {t} GROUP BY region ORDER BY s ASC LIMIT 1 OFFSET 1",
+      "second-smallest region by a clipped sum (unit 42's huge amount)", pair="k3",
+      options={"top_k": "peeling"}, must_answer=True),
+    # the score is not an output: only the chosen keys, in the order chosen
+    C("topk_score_only", "SELECT region FROM {t} GROUP BY region ORDER BY COUNT(*) DESC LIMIT 2",
+      "top-2 regions, score not released", pair="k3", options={"top_k": "peeling"}, must_answer=True),
+    # candidates from private partition selection (unit 42's name is its own group)
+    C("topk_selected_names", "SELECT name, COUNT(*) AS n FROM {t} GROUP BY name ORDER BY n DESC LIMIT 3",
+      "top-3 names among the selected ones (unit 42's name is unique)", delta=DELTA_SEL,
+      options={"top_k": "peeling"}, must_answer=True),
+    # a score that fails to parse only on unit 42's row: refused before the charge, or total
+    C("topk_partial_score", "SELECT region, SUM(toInt64(name)) AS s FROM {t} GROUP BY region ORDER BY s DESC LIMIT 2",
+      "top-2 by a sum that parses unit 42's name", options={"top_k": "peeling"}),
+    # NULL group key only for unit 42 (nregion), candidates selected privately
+    C("topk_null_key", "SELECT nregion, COUNT(*) AS n FROM {t} GROUP BY nregion ORDER BY n DESC LIMIT 2",
+      "top-2 of a key that is NULL only for unit 42", pair="k3", delta=DELTA_SEL, options={"top_k": "peeling"}),
     C("count_distinct_parse", "SELECT COUNT(DISTINCT toInt64(name)) AS v FROM {t}", "COUNT(DISTINCT parse of name)"),
     C("count_distinct_nullif", "SELECT COUNT(DISTINCT nullIf(user_id, 42)) AS v FROM {t}",
       "COUNT(DISTINCT nullIf(unit, 42))"),
