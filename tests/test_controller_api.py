@@ -240,3 +240,13 @@ def test_cli_selection_flag_picks_the_rule(adb):
     for rule in ("laplace", "optimal"):
         out = _cli("explain", sql, "--epsilon", "1", "--delta", "1e-6", "--selection", rule, *common)
         assert f"partition selection ({rule} rule" in out, out
+
+
+def test_cli_top_k_flag_picks_the_method(adb):
+    """`--top-k` reaches the planner: explain names peeling, or post-processing (issue 15)."""
+    common = ["--data-dir", str(adb.data_dir), "--analyst", ANALYST, "--ledger", str(adb.ledger_path)]
+    sql = f"SELECT region, COUNT(*) AS n FROM {DB}.purchases GROUP BY region ORDER BY n DESC LIMIT 2"
+    out = _cli("explain", sql, "--epsilon", "1", "--top-k", "peeling", *common)
+    assert "top-n: the 2 groups with the largest COUNT(*)" in out and "dpch_top_k(" in out, out
+    out = _cli("explain", sql, "--epsilon", "1", "--top-k", "post_processing", *common)
+    assert "top-n: every group's value noised" in out and "dpch_top_k(" not in out, out

@@ -394,3 +394,43 @@ def test_explain_and_privately_selected_candidates(tdb, zipf):
                    delta=1e-6, top_k="peeling")
     assert df.attrs["dpch"]["key_mode"] == "threshold" and df.attrs["dpch"]["top_k"]["method"] == "peeling"
     assert len(df) == 2 and len(set(df["v"])) == 2 and set(df["v"]) <= set(float(i) for i in range(10))
+
+
+# ------------------------------------------------------------------------------------------------
+# The SQL function dp_top_k(x, domain, n, eps) (row level)
+# ------------------------------------------------------------------------------------------------
+
+def test_sql_function_matches_the_exact_distribution(db):
+    """20 000 releases in one query (GROUP BY rep over a cross join; one UDF row per rep) of
+    dp_top_k(x, ['a','b','c','d'], 2, 1.0) on a: 3 rows, b: 2, e (outside the domain): 4, NULL: 2.
+    The scores are the per-value row counts [3, 2, 0, 0] (Δ = 1: one row adds 1 to one value);
+    compared with TopKMechanism(1, 2, 1) exactly by χ² at the 1e-7 quantile."""
+    df = db.raw_query(
+        "SELECT rep, dp_top_k(x, ['a', 'b', 'c', 'd'], 2, 1.0) AS t FROM "
+        "(SELECT arrayJoin(['a', 'a', 'a', 'b', 'b', 'e', 'e', 'e', 'e', NULL]) AS x) AS d "
+        "CROSS JOIN (SELECT number AS rep FROM numbers(20000)) AS r GROUP BY rep")
+    index = {"a": 0, "b": 1, "c": 2, "d": 3}
+    draws = [tuple(index[v] for v in t) for t in df["t"]]
+    assert len(draws) == 20000
+    stat, limit = _chi2(draws, TopKMechanism(1.0, 2, 1).probabilities([3, 2, 0, 0]), 1e-7)
+    assert stat < limit, (stat, limit)
+
+
+def test_sql_function_shapes_and_errors(db):
+    db.command("CREATE TABLE IF NOT EXISTS default.topk_sql (x String, y Nullable(UInt8)) ENGINE = MergeTree ORDER BY tuple()")
+    db.command("TRUNCATE TABLE default.topk_sql")
+    db.command("INSERT INTO default.topk_sql SELECT if(number < 9000, 'a', 'b'), if(number % 3 = 0, NULL, 7) "
+               "FROM numbers(10000)")
+    one = lambda sql: db.raw_query(sql)["t"].iloc[0]  # noqa: E731
+    # a far ahead of every other value (gap 8000 at T = 2·1·1/1 = 2): chosen first with certainty
+    assert list(one("SELECT dp_top_k(x, ['a', 'b', 'c'], 1, 1.0) AS t FROM default.topk_sql")) == ["a"]
+    # fewer domain values than n (duplicates count once): all of them
+    assert sorted(one("SELECT dp_top_k(x, ['a', 'b', 'a'], 5, 1.0) AS t FROM default.topk_sql")) == ["a", "b"]
+    assert list(one("SELECT dp_top_k(y, [7, 8, 9], 1, 1.0) AS t FROM default.topk_sql")) == [7]
+    assert len(one("SELECT dp_top_k(x, ['a', 'b', 'c'], 2, 1.0) AS t FROM default.topk_sql WHERE 0")) == 2
+    for call, word in [("dp_top_k(x, ['a'], 0, 1.0)", "argument n"), ("dp_top_k(x, ['a'], 1.5, 1.0)", "argument n"),
+                       ("dp_top_k(x, ['a'], 1, 0)", "argument eps"), ("dp_top_k(x, [x], 1, 1.0)", "argument domain"),
+                       ("dp_top_k(x, ['a'], y, 1.0)", "argument n")]:
+        for where in ("", " WHERE 0"):  # the same error on an empty selection: checks are constants
+            with pytest.raises(BackendError, match=word):
+                db.raw_query(f"SELECT {call} AS t FROM default.topk_sql{where}")

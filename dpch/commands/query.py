@@ -53,8 +53,12 @@ def _query_args(sp) -> None:
     sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian"], default="auto")
     sp.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace"], default="auto",
                     help="private partition selection rule (GROUP BY without public keys, delta > 0)")
+    sp.add_argument("--top-k", choices=["auto", "peeling", "post_processing"], default="auto",
+                    help="how ORDER BY <COUNT/SUM> LIMIT n is answered: peeling permute-and-flip, then "
+                         "the chosen groups' values; or every group noised and sorted")
     sp.add_argument("--weight", action="append", default=[], metavar="LABEL=W",
-                    help="budget weight for an output column/quantity label/partition_selection (repeatable)")
+                    help="budget weight for an output column/quantity label/partition_selection/"
+                         "top_k_selection (repeatable)")
     sp.add_argument("--keys", action="append", default=[], metavar="KEY=V1,V2,...",
                     help="public key values for a GROUP BY key for this query (repeatable)")
     sp.add_argument("--max-groups", type=int, default=None, metavar="K",
@@ -70,6 +74,8 @@ def _options(args) -> dict:
     opts: dict = {"mechanism": args.mechanism}
     if args.selection != "auto":
         opts["selection"] = args.selection
+    if args.top_k != "auto":
+        opts["top_k"] = args.top_k
     if args.weight:
         weights = {}
         for w in args.weight:

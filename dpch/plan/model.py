@@ -166,7 +166,7 @@ class Plan:
     cost: PrivacyCost
     key_types: tuple[str, ...] | None = None  # the engine's type of each GROUP BY key (None: unknown)
     top_k: "TopK | None" = None  # a peeling top-n selection (dpch.plan.top_k)
-    # a top-n query planned both ways: each way's order noise (std, score units), for explain
+    # a top-n query: each way's order noise (std, score units) when both were planned ({}: one was)
     top_k_scores: dict[str, float] | None = None
 
     @property

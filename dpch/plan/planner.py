@@ -434,11 +434,14 @@ def make_plan(bound: BoundQuery, epsilon: float, delta: float, options: QueryOpt
     if opts.top_k != "peeling":
         base = _Planner(bound, eps, dlt, opts, key_types).plan()
         if shape is None or opts.top_k == "post_processing" or shape.n > MAX_PEELING_ROUNDS:
+            if shape is not None:
+                base.top_k_scores = {}  # a top-n query answered by post-processing (explain says so)
             return base
     peel = _Planner(bound, eps, dlt, opts, key_types, peeling=shape).plan()
     if base is None:
         return peel
-    if peel.top_k is None:
+    if peel.top_k is None:  # every candidate is released anyway
+        base.top_k_scores = {}
         return base
     scores = {"post_processing": _order_noise(base), "peeling": _order_noise(peel)}
     chosen = peel if scores["peeling"] < scores["post_processing"] else base

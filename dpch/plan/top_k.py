@@ -156,6 +156,6 @@ def top_k_facts(plan) -> dict | None:
         q = plan.quantities[t.quantity]
         facts = t.summary(q.grid)
         facts["score"] = q.label
-    if plan.top_k_scores is not None:
+    if plan.top_k_scores:
         facts["order_noise_std"] = dict(plan.top_k_scores)
     return facts
