@@ -288,8 +288,9 @@ def run(db, sql: str, dataset: str, *, epsilon: Any = 1.0, delta: Any = 0.0, **o
     col_meta = meta.get("columns", {}) or {}
     key_cols = [c for c in df.columns if (col_meta.get(c) or {}).get("kind") == "key"]
     keys = None
-    # a peeling top-n releases a random choice of groups (its row count is fixed): keys not compared
-    peeling = (meta.get("top_k") or {}).get("method") == "peeling"
+    # a top-n query releases a random choice of groups, by peeling or by sorting noisy values (its
+    # row count is fixed): keys not compared
+    peeling = meta.get("top_k") is not None
     if key_mode in ("public", "none", None) and not peeling:
         keys = tuple(sorted(tuple(_keyval(v) for v in row) for row in df[key_cols].itertuples(index=False))) \
             if key_cols else ()

@@ -605,6 +605,9 @@ TIMING_CASES = [
     # the same blowup inside a countIf condition (aggregate conditions run on every row)
     C("time_countif", "SELECT countIf(length(replaceRegexpAll(" + "hex(" * 18 + "substring(name, 5, 100)" + ")" * 18
       + ", '([0-9])', 'ab')) > 0) AS n FROM {t}", "countIf condition cost on unit 42's rows"),
+    # peeling top-n: every candidate's coin is flipped in every round, whatever the scores
+    C("time_topk_peeling", "SELECT region FROM {t} GROUP BY region ORDER BY SUM(amount) DESC LIMIT 2",
+      "top-n release time with unit 42's clipped amounts", pair="k3", options={"top_k": "peeling"}),
 ]
 
 

@@ -42,9 +42,13 @@ def _outcome(db, sql: str, name: str, delta: float):
         return ("failed", type(exc).__name__)
     assert _charges(db, name) == before + 1
     public = df.attrs["dpch"]["key_mode"] == "public"
+    # a top-n query releases a random choice of public keys, by peeling or by sorting noisy values
+    # (their number is fixed)
+    peeling = df.attrs["dpch"].get("top_k") is not None
     keys = [c for c, info in df.attrs["dpch"]["columns"].items() if info["kind"] == "key"]
     return ("answered", tuple(df.columns), len(df) if public or not keys else None,
-            tuple(sorted(map(tuple, df[keys].astype(str).values.tolist()))) if public and keys else None)
+            tuple(sorted(map(tuple, df[keys].astype(str).values.tolist()))) if public and keys and not peeling
+            else None)
 
 
 CASES = [
@@ -135,6 +139,14 @@ CASES = [
     ("SELECT COUNT(*) AS n FROM {d}.orders HAVING median(o_totalprice) > 1e11", 0.0),
     ("SELECT quantile(c_acctbal)(c_acctbal) AS q FROM {d}.customer", 0.0),
     ("SELECT quantileExact(0.5)(c_acctbal) AS q FROM {d}.customer", 0.0),
+    # top-n (issue 15): unit 42's own nation among the candidates, its huge quantities in the score
+    ("SELECT n_name, COUNT(*) AS n FROM {d}.customer c JOIN {d}.nation n ON c.c_nationkey = n.n_nationkey "
+     "GROUP BY n_name ORDER BY n DESC LIMIT 1", 0.0),
+    ("SELECT n_name FROM {d}.lineitem l JOIN {d}.orders o ON l.l_orderkey = o.o_orderkey JOIN {d}.customer c "
+     "ON o.o_custkey = c.c_custkey JOIN {d}.nation n ON c.c_nationkey = n.n_nationkey "
+     "GROUP BY n_name ORDER BY SUM(l_quantity) DESC LIMIT 2", 0.0),
+    ("SELECT o_orderkey, COUNT(*) AS n FROM {d}.lineitem l JOIN {d}.orders o ON l.l_orderkey = o.o_orderkey "
+     "GROUP BY o_orderkey ORDER BY n DESC LIMIT 3", 1e-6),
 ]
 
 
