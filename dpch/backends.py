@@ -69,6 +69,9 @@ class EmbeddedBackend:
                 raise in_use from None
             raise BackendError(f"cannot open the embedded engine at {data_dir}: {exc}") from exc
         _install_sql_functions(self.command)
+        # public key domains are inlined as array literals (up to MAX_PUBLIC_KEYS values): the
+        # default 256 KiB query size would refuse a rewritten query over a large domain
+        self.command(f"SET max_query_size = {MAX_QUERY_SIZE}")
 
     @classmethod
     def open(cls, data_dir: Path) -> "EmbeddedBackend":
@@ -150,6 +153,10 @@ class EmbeddedBackend:
                 self._session.close()
 
 
+#: The largest query text (bytes) the engines accept from DPCH (ClickHouse's max_query_size).
+MAX_QUERY_SIZE = 64 << 20
+
+
 @dataclass
 class ServerBackend:
     """A ClickHouse server through clickhouse-connect (HTTP). The server must have
@@ -166,7 +173,8 @@ class ServerBackend:
 
         try:
             self._client = clickhouse_connect.get_client(
-                dsn=self.url, username=self.user, password=self.password, database=self.database)
+                dsn=self.url, username=self.user, password=self.password, database=self.database,
+                settings={"max_query_size": MAX_QUERY_SIZE})  # as the embedded engine's
         except Exception as exc:
             raise BackendError(f"cannot connect to ClickHouse server {self.url}: {exc}") from exc
 

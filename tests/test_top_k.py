@@ -434,3 +434,21 @@ def test_sql_function_shapes_and_errors(db):
         for where in ("", " WHERE 0"):  # the same error on an empty selection: checks are constants
             with pytest.raises(BackendError, match=word):
                 db.raw_query(f"SELECT {call} AS t FROM default.topk_sql{where}")
+
+
+def test_top_n_over_the_largest_public_domain(tdb):
+    """100 000 public keys (the catalog's maximum) are inlined in the rewritten query (≈ 0.7 MB of
+    SQL, above ClickHouse's default 256 KiB max_query_size, which the backends raise): both methods
+    answer, with 3 rows, and peeling finds key 7 (20 000 units; every other key has at most 1)."""
+    t = f"{DB}.topk_wide"
+    tdb.command(f"DROP TABLE IF EXISTS {t}")
+    tdb.command(f"CREATE TABLE {t} (user_id UInt64, key UInt32) ENGINE = MergeTree ORDER BY user_id")
+    tdb.command(f"INSERT INTO {t} SELECT number, if(number < 20000, 7, toUInt32(number % 100000)) FROM numbers(60000)")
+    tdb.catalog.register(t, privacy_unit="user_id", max_groups_contributed=1, max_rows_per_unit=1,
+                         public_keys={"key": list(range(100_000))})
+    tdb.ledger.set_budget("tester", t, epsilon=1e6, delta=0.5)
+    sql = f"SELECT key, COUNT(*) AS n FROM {t} GROUP BY key ORDER BY n DESC LIMIT 3"
+    for method in ("peeling", "post_processing"):
+        df = tdb.query(sql, epsilon=1.0, top_k=method)
+        assert len(df) == 3 and df.attrs["dpch"]["top_k"]["method"] == method
+        assert 7 in set(df["key"])  # gap 20 000 - 1 at T = 12 (peeling) or b = 1 (post-processing)
