@@ -462,16 +462,21 @@ class QuantileMechanism:
     """Quantiles of a histogram over a fixed grid of buckets, chosen by permute-and-flip
     (ExponentialMechanism) with the score of OpenDP's quantile candidates, scaled to integers:
     for a bucket b, L = rows in buckets below b, G = rows above b, score -|(Q - a) L - a G| for the
-    level a/Q. Several levels are released jointly by the recursion of Kaplan, Schnapp & Stemmer
-    (2022, ApproximateQuantiles): the middle level over the whole grid, then the lower levels over
-    the buckets up to it with the rows below it and the upper levels likewise above, so a row
-    takes part in one sub-problem per depth. This is the reference for the kernel's
+    level a/Q. Three or more distinct levels are released jointly by the recursion of Kaplan,
+    Schnapp & Stemmer (2022, ApproximateQuantiles): the middle level over the whole grid, then the
+    lower levels over the buckets up to it with the rows below it and the upper levels likewise
+    above, so a row takes part in one sub-problem per depth. Exactly two distinct levels are
+    released independently, each over the whole grid with all the rows at ε/2, and the two buckets
+    sorted (the recursion's depth is 2 as well, so this costs the same, and the second level does
+    not inherit the first one's error). This is the reference for the kernel's
     ``_quantile_buckets`` (udf/kernel.pxi), which the tests compare it with.
 
     Privacy: ε-DP for histograms that differ by at most ``rows`` rows (one privacy unit's rows in
     the group): one row moves L or G by one, so a score of level a/Q moves by at most
-    rows · max(a, Q - a); each of the depth = bit_length(#levels) depths is (ε/depth)-DP (parallel
-    composition over the disjoint sub-problems) and they compose sequentially."""
+    rows · max(a, Q - a). Recursion: each of the depth = bit_length(#levels) depths is
+    (ε/depth)-DP (parallel composition over the disjoint sub-problems) and they compose
+    sequentially. Two levels: two (ε/2)-DP releases on the same histogram, sequential composition;
+    sorting them is post-processing."""
 
     epsilon: float
     rows: int = 1
@@ -514,6 +519,18 @@ class QuantileMechanism:
         uniq = sorted(set(levels))
         depth = len(uniq).bit_length()
         buckets = len(counts)
+        index = {a: i for i, a in enumerate(uniq)}
+        result: dict[tuple[int, ...], float] = {}
+        if len(uniq) == 2:  # two independent releases at ε/2 over the whole grid, then sorted
+            last = buckets - 1
+            marginals = [self.chooser(a, 2).probabilities(self.scores(counts, a, 0, last, 0, last))
+                         for a in uniq]
+            for b0, p0 in enumerate(marginals[0]):
+                for b1, p1 in enumerate(marginals[1]):
+                    pair = sorted((b0, b1))
+                    mapped = tuple(pair[index[a]] for a in levels)
+                    result[mapped] = result.get(mapped, 0.0) + p0 * p1
+            return result
 
         def solve(c0, c1, d0, d1, lo, hi, end_lo, end_hi) -> dict[tuple, float]:
             if lo >= hi:
@@ -532,8 +549,6 @@ class QuantileMechanism:
             return out
 
         joint = solve(0, buckets - 1, 0, buckets - 1, 0, len(uniq), 0, QUANTILE_SCALE)
-        index = {a: i for i, a in enumerate(uniq)}
-        result: dict[tuple[int, ...], float] = {}
         for key, p in joint.items():
             mapped = tuple(key[index[a]] for a in levels)
             result[mapped] = result.get(mapped, 0.0) + p
@@ -550,8 +565,10 @@ class QuantileMechanism:
         |(1-α) L - α G| (rows below/above its bucket, within its sub-problem) exceeds the best
         bucket's by at most h rows: a candidate of score gap g is accepted with probability at most
         e^(-g/T), so a gap >= T (ln B + ln(m/β)) has probability <= β/m (union bound over the B
-        buckets and the m levels), T = 2 · rows · depth / ε in rows (max(α, 1-α) <= 1). Public:
-        a function of the parameters only."""
+        buckets and the m levels), T = 2 · rows · depth / ε in rows (max(α, 1-α) <= 1). Two
+        levels (depth 2, each over the whole histogram): sorting the pair keeps the bound, up to
+        the larger of the two best scores, since (1-α) L - α G is non-decreasing in the bucket and
+        non-increasing in α. Public: a function of the parameters only."""
         m = max(1, int(levels))
         depth = m.bit_length()
         beta = 1.0 - float(confidence)

@@ -159,13 +159,21 @@ cdef list _quantile_buckets(const uint32_t *keys, const uint64_t *cum, int64_t m
     """The buckets chosen for the quantile levels a/Q (`levels`, ints), in their order, jointly
     eps-DP when one privacy unit holds at most `rows` rows of the histogram.
 
-    Kaplan, Schnapp & Stemmer (2022), ApproximateQuantiles: the middle level is chosen by
-    permute-and-flip over all buckets, then the levels below it over the buckets up to it with the
-    data below it, those above over the buckets from it with the data above it, recursively. A row
-    is in the data of at most one sub-problem per depth, so each depth is eps/depth-DP (parallel
-    composition) and the whole eps-DP over depth = bit_length(#levels) depths (sequential
-    composition). Each sub-problem's score has sensitivity rows * max(a', Q - a'), a'/Q its level
-    relative to the sub-problem; the temperature is calibration.em_temperature(that * depth, eps).
+    Three or more distinct levels: Kaplan, Schnapp & Stemmer (2022), ApproximateQuantiles: the
+    middle level is chosen by permute-and-flip over all buckets, then the levels below it over the
+    buckets up to it with the data below it, those above over the buckets from it with the data
+    above it, recursively. A row is in the data of at most one sub-problem per depth, so each depth
+    is eps/depth-DP (parallel composition) and the whole eps-DP over depth = bit_length(#levels)
+    depths (sequential composition). Each sub-problem's score has sensitivity
+    rows * max(a', Q - a'), a'/Q its level relative to the sub-problem; the temperature is
+    calibration.em_temperature(that * depth, eps).
+
+    Exactly two distinct levels: the recursion would have depth 2 as well, so each level is
+    released on its own instead, by permute-and-flip over all buckets with all the rows at its own
+    level a (sensitivity rows * max(a, Q - a), temperature em_temperature(that * 2, eps)): eps/2-DP
+    each, eps-DP together (sequential composition), the same cost without carrying the first
+    level's error into the second. The two buckets are then sorted, so the output is monotone in
+    the level (post-processing). One level: the first case with depth 1.
     """
     from dpch.calibration import em_temperature
 
@@ -177,6 +185,18 @@ cdef list _quantile_buckets(const uint32_t *keys, const uint64_t *cum, int64_t m
     z.cum = cum
     z.m = m
     z.q = QUANTILE_Q
+    if len(uniq) == 2:
+        z.d0, z.d1 = 0, buckets - 1
+        z.base = dpch_hist_below(keys, cum, m, 0)
+        z.top = dpch_hist_below(keys, cum, m, buckets)
+        pair = []
+        for a in uniq:
+            t, s = em_temperature(rows * max(a, QUANTILE_Q - a) * 2, eps)
+            z.a = a
+            pair.append(dpch_quantile_pf_words(&z, 0, buckets - 1, t >> 64, t & 0xFFFFFFFFFFFFFFFF, s))
+        pair.sort()
+        chosen = dict(zip(uniq, pair))
+        return [chosen[a] for a in levels]
     # (candidate buckets c0..c1, data buckets d0..d1 (empty if d0 > d1), level indices lo..hi-1,
     #  the levels of the sub-problem's ends)
     stack = [(0, buckets - 1, 0, buckets - 1, 0, len(uniq), 0, QUANTILE_Q)]
