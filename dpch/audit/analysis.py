@@ -141,6 +141,10 @@ def analyse(out_d, out_dprime, *, epsilon: float, delta: float = 0.0, confidence
             if cand is None:  # no finite output at all: certify the empty event (ε_LB = 0)
                 chosen.append(_Chosen(METHOD_LABELS[method], "(no finite outputs)", "D", 0.0,
                                       lambda fd: np.zeros(len(fd), dtype=bool)))
+        elif fa_d.shape[1] == 0:  # no output coordinate at all (e.g. no group released in any
+            # run on either side): nothing to learn from; certify the empty event (ε_LB = 0)
+            chosen.append(_Chosen(METHOD_LABELS[method], "(no outputs)", "D", 0.0,
+                                  lambda fd: np.zeros(len(fd), dtype=bool)))
         else:
             (model,) = make_distinguishers([method], seed=seed)
             step(f"training {model.name}")

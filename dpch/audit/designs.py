@@ -358,3 +358,115 @@ def _stage_errors(block, r, stages, uniq) -> float:
             lo_b = y + 1
             lo_i, end_lo = j + 1, uniq[j]
     return total
+
+
+# ------------------------------------------------------------------------------------------------
+# Partition selection (docs/AUDIT.md §8)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SelectionDesign:
+    """D: one group of `units` privacy units (one row each) in a table (`unit` UInt64, `key`
+    String); D′: D without the unit `removed_unit`, so the group's count of distinct units goes
+    from n to n − 1 (from 1 to 0, the group then absent from D′, when n = 1). Audited through the
+    controller: `SELECT key, COUNT(DISTINCT unit) AS n FROM t GROUP BY key` with δ > 0 and no
+    public key domain, so its whole (ε, δ) is the partition selection's, whose noisy count the
+    COUNT(DISTINCT) reuses (docs/CONTROLLER.md, "Partition selection"); `rule` is the rule the
+    planner uses for it (dpch.plan.selection.choose_selection at c = 1: k = 1, add_remove)."""
+
+    selection: str          # auto | optimal | gaussian | laplace (the query's option)
+    epsilon: float
+    delta: float
+    units: int
+    rule: object            # dpch.plan.selection.SelectionRule
+    unit: str = "user_id"
+    key: str = "grp"
+
+    @property
+    def removed_unit(self) -> int:
+        return self.units - 1  # units are 0 .. n − 1
+
+    def where(self) -> str:
+        """The SQL predicate selecting the removed unit (`audit(..., where=...)`)."""
+        return f"{self.unit} = {self.removed_unit}"
+
+    def sql(self, table: str) -> str:
+        return f"SELECT {self.key}, COUNT(DISTINCT {self.unit}) AS n FROM {table} GROUP BY {self.key}"
+
+    @property
+    def options(self) -> dict:
+        """The controller options of the audited query (`audit(..., options=...)`)."""
+        return {"selection": self.selection}
+
+    def create_table(self, conn, table: str, *, register: bool = True) -> None:
+        """(Re)create `table` holding D and, with `register`, register it in the catalog (unit
+        column, k = 1 group and 1 row per unit, add_remove)."""
+        conn.command(f"DROP TABLE IF EXISTS {table}")
+        conn.command(f"CREATE TABLE {table} ({self.unit} UInt64, {self.key} String) ENGINE = MergeTree "
+                     f"ORDER BY {self.unit}")
+        conn.command(f"INSERT INTO {table} SELECT number, 'g' FROM numbers({self.units})")
+        if register:
+            conn.catalog.register(table, privacy_unit=self.unit, max_groups_contributed=1,
+                                  max_rows_per_unit=1)
+
+    def release_probabilities(self) -> tuple[float, float]:
+        """(P_D, P_D′) of the event "the group is released", from the rule's exact release
+        probabilities (in floating point for the Gaussian)."""
+        return self.rule.release_probability(self.units), self.rule.release_probability(self.units - 1)
+
+    def event_loss(self) -> float:
+        """The most an audit can certify from the release event with δ accounted for:
+        max(ln((P_D − δ)/P_D′), ln((1 − P_D′ − δ)/(1 − P_D))) (its complement favours D′), 0 when
+        neither is positive (a group of one unit: P_D ≤ δ, P_D′ = 0)."""
+        p, q = self.release_probabilities()
+        out = 0.0
+        if q > 0 and p > self.delta:
+            out = max(out, math.log((p - self.delta) / q))
+        if p < 1 and 1 - q > self.delta:
+            out = max(out, math.log((1 - q - self.delta) / (1 - p)))
+        return out
+
+    def describe(self) -> str:
+        p, q = self.release_probabilities()
+        return (f"one group of {self.units} units; D′ removes one; {self.rule.rule} rule (threshold "
+                f"{self.rule.threshold}): released with probability {p:.4g} on D, {q:.4g} on D′")
+
+
+def selection_units(rule, delta: float, samples: int = 10_000, alpha: float = 0.05 / 6) -> int:
+    """The group size n whose release event (or its complement) certifies the most with `samples`
+    held-out runs per side at level `alpha` (expected Clopper–Pearson bound, δ subtracted from the
+    favoured side as `dpch audit` does), among n = 1 .. threshold + 60. For the optimal rule and
+    the Laplace threshold that is n = T, where P_D/P_D′ = e^ε exactly up to δ; the Gaussian's best
+    is a few σ below T (its release event is a tail event)."""
+    from .stats import cp_lower, cp_upper
+
+    best = (-math.inf, 1)
+    for n in range(1, rule.threshold + 61):
+        p, q = rule.release_probability(n), rule.release_probability(n - 1)
+        score = -math.inf
+        for fav, other in ((p, q), (1 - q, 1 - p)):
+            lo = float(cp_lower(round(fav * samples), samples, alpha)) - delta
+            hi = float(cp_upper(round(other * samples), samples, alpha))
+            if lo > 0 and hi > 0:
+                score = max(score, math.log(lo / hi))
+        if score > best[0]:
+            best = (score, n)
+    return best[1]
+
+
+def selection_design(selection: str, epsilon: float, delta: float, *, units: int | None = None
+                     ) -> SelectionDesign:
+    """The design of `SelectionDesign` for the controller's `selection` option at (ε, δ):
+    `units` = n (default `selection_units`: the group at the threshold, where one unit moves the
+    release probability by e^ε; n = 1 audits the lonely unit, whose group is released with
+    probability at most δ on D and never on D′)."""
+    from ..plan.selection import choose_selection
+
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("epsilon must be positive and finite")
+    if not 0 < delta < 1:
+        raise ValueError("partition selection needs 0 < delta < 1")
+    rule = choose_selection(float(epsilon), float(delta), 1, selection)
+    n = units if units is not None else selection_units(rule, delta)
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError("units must be a positive integer")
+    return SelectionDesign(selection, float(epsilon), float(delta), n, rule)

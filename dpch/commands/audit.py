@@ -29,6 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--unit-column", default=None, help="privacy unit column for *-unit neighbours")
     p.add_argument("--via", choices=["sql", "controller"], default="sql",
                    help="run the SQL as written (default) or audit the controller's rewrite")
+    p.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace"], default=None,
+                   help="with --via controller: the partition selection rule (as dpch query --selection)")
     p.add_argument("--methods", default="search,logistic,boosting",
                    help="comma-separated: search, logistic, boosting (default all)")
     p.add_argument("--pilot", type=int, default=1000, help="runs per candidate in the worst-case search")
@@ -73,6 +75,11 @@ def _run(args: argparse.Namespace) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
         raise InvalidParameter("--methods must name at least one method")
+    options = None
+    if args.selection is not None:
+        if args.via != "controller":
+            raise InvalidParameter("--selection needs --via controller")
+        options = {"selection": args.selection}
     try:
         with dpch.connect(args.data_dir) as db:
             report = audit(db, args.sql, epsilon=args.epsilon, delta=args.delta,
@@ -81,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
                            record=_parse_record(args.record) or None, unit_column=args.unit_column,
                            via=args.via, methods=methods, pilot=args.pilot, max_rows=args.max_rows,
                            report_dir=args.report_dir, progress=not args.no_progress and sys.stderr.isatty(),
-                           seed=args.seed)
+                           seed=args.seed, options=options)
     except ValueError as exc:
         raise InvalidParameter(str(exc)) from exc
     print(report.to_json() if args.json else report.text())
