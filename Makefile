@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -56,6 +56,14 @@ bench-selection: install
 # (pyspark, needs Java) in bench/.venv-tumult, all created on first use (see bench/RESULTS.md).
 bench-quantiles: install
 	$(VPY) bench/bench_quantiles.py
+
+# Partition selection against PipelineDP, OpenDP and Tumult Analytics (issue 15): released true
+# groups at the same (ε, δ), 100 000 units with Zipf keys over 10 000 values, k = 1 and 5; the peers
+# in the virtualenvs above (created on first use; Tumult needs Java); see bench/RESULTS.md.
+bench-partition-peers: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_partition_peers.py --units 100000 --keys 10000 --repeats 10 --peer-repeats 3 \
+		--out bench/out/partition_peers.json --markdown bench/out/partition_peers.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

@@ -158,3 +158,37 @@ def test_quantile_harness_dpch_tiny(tmp_path):
         assert r["release_s_median"] > 0
     text = md.read_text()
     assert "| data | n | ε | α | dpch | dpch_joint |" in text and "| uniform | 300 | 1 | 0.9 |" in text
+
+
+def test_partition_peers_dpch_tiny(tmp_path):
+    """bench/bench_partition_peers.py, DPCH's part only (no peer virtualenvs), on tiny data; and the
+    peer worker's noise tails (bench/partition_peers.py imports only numpy at module level)."""
+    from partition_peers import gaussian_tail, laplace_tail
+
+    q = math.exp(-1 / 3.0)  # integer Laplace, scale 3: P[Z = z] = (1 − q)/(1 + q) q^|z|
+    tail = laplace_tail(3.0)
+    for m in (-4, 0, 1, 5):
+        assert tail(m) - tail(m + 1) == pytest.approx((1 - q) / (1 + q) * q ** abs(m))
+    assert tail(0) + tail(1) == pytest.approx(1.0) and gaussian_tail(2.0)(-100) == 1.0
+    assert gaussian_tail(2.0)(1) + gaussian_tail(2.0)(0) == pytest.approx(1.0)  # symmetric about 0
+
+    out, md = tmp_path / "p.json", tmp_path / "p.md"
+    cmd = [sys.executable, str(BENCH / "bench_partition_peers.py"), "--systems", "dpch", "--units", "2000",
+           "--keys", "200", "--ks", "1,3", "--budgets", "1:1e-6", "--repeats", "2",
+           "--data-dir", str(tmp_path / "data"), "--out", str(out), "--markdown", str(md), "--no-install"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    true_groups = {d["k"]: d["true_groups"] for d in data["datasets"]}
+    assert set(true_groups) == {1, 3} and all(n > 0 for n in true_groups.values())
+    got = {(r["config"], r["k"]): r for r in data["results"]}
+    assert set(got) == {(c, k) for c in ("dpch_auto", "dpch_laplace") for k in (1, 3)}
+    for (_, k), r in got.items():
+        assert r["status"] == "ok" and len(r["released"]) == 2
+        assert r["released"] == r["true_released"] and all(0 <= x <= true_groups[k] for x in r["released"])
+        assert 0 < r["expected"] <= true_groups[k] and r["params"]["threshold"] >= 1
+    assert got[("dpch_auto", 1)]["params"]["rule"] == "optimal"
+    # k = 1: the optimal rule's release probability is pointwise the largest, so never below Laplace's
+    assert got[("dpch_auto", 1)]["expected"] >= got[("dpch_laplace", 1)]["expected"]
+    text = md.read_text()
+    assert '| DPCH `selection="auto"` |' in text and "| true groups |" in text and "k=3, ε=1, δ=1e-06" in text
