@@ -80,7 +80,7 @@ def first_rejection(budget: Budget, cost: PrivacyCost, limit: int = 100_000):
 # ---------------------------------------------------------------------------------------------
 
 def test_registry_names_and_sources():
-    assert set(ACCOUNTANTS) == {"pure", "basic", "advanced", "optimal", "adaptive", "paper_gaussian", "zcdp"}
+    assert set(ACCOUNTANTS) == {"pure", "basic", "advanced", "optimal", "adaptive", "paper_gaussian", "zcdp", "odp"}
     for acc in ACCOUNTANTS.values():
         assert acc.source, acc.name
 

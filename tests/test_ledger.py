@@ -288,9 +288,13 @@ def test_settlement_only_as_the_protocol_allows(ledger):
         ledger.settle(r, q())
     assert ledger.history()[0].outcome == "reserved"
     ledger.mark(r, "executed")
-    ledger.settle(r, realized_for(BOT, 1.0))
-    with pytest.raises(InvalidParameter, match="settled"):
-        ledger.settle(r, realized_for(BOT, 1.0))  # once only
+    first = ledger.settle(r, realized_for(BOT, 1.0))
+    assert (first.refund_epsilon, first.replayed) == (1.0, False)
+    # once only: the same settlement again is idempotent (nothing changes), a different one is refused
+    assert ledger.settle(r, realized_for(BOT, 1.0)).replayed
+    with pytest.raises(InvalidParameter, match="already settled"):
+        ledger.settle(r, realized_for(42.0, 1.0))
+    assert len(ledger.events(kind="settle")) == 1
     # a mechanism without an ODP partition (trivial partition, Lemma 3): no refund possible
     r2 = ledger.charge("alice", "toy", q(lap(1.0, "plain")), "plain")
     with pytest.raises(InvalidParameter):

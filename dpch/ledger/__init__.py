@@ -10,10 +10,13 @@ Semantics (docs/LEDGER.md has the full note):
   missing, unreadable, corrupt or inconsistent ledger raises `LedgerError` and no query is answered;
   the ledger is never silently re-created or reset.
 - **A posteriori settlement** (`settle`) refunds ε only as the ODPComposition protocol allows
-  (odp_privacy_accounting.md, Alg. 1 and Thm 7): the mechanism declares its ODP partition values
-  E(P_k) before it runs (`MechanismCost.odp_epsilons`), and after it ran the ledger charges
-  E(P_k) of the cell its output fell in instead of sup E. δ is never refunded (Alg. 1 line 15). Only
-  under simple composition (the `basic` and `pure` accountants), which is what Thm 7 proves.
+  (odp_privacy_accounting.md, Alg. 1 and Thm 7; Alg. 6 with the linear ODP filter): the mechanism
+  declares its ODP partition values E(P_k) before it runs (`MechanismCost.odp_epsilons`), `charge`
+  reserves the worst case sup E, and after it ran the ledger charges E(P_k) of the cell its output
+  fell in instead. δ is never refunded (Alg. 1 line 15). Only under simple composition (the `odp`
+  accountant, and `basic` and `pure`), which is what Thm 7 proves. An unsettled charge counts at its
+  worst case for good; only the process holding the `Receipt` (its settlement token) can settle it;
+  settling twice the same way is a no-op, differently is refused.
 
 The storage sits behind `LedgerStore` (a serializable transaction with a handful of reads and
 writes). `SQLiteLedgerStore` is the single-host implementation: SQLite in WAL mode,
@@ -25,11 +28,11 @@ connection per file per process, file checks, the WAL-identity safety net, backu
 `Ledger` itself).
 """
 from .core import Ledger
-from .records import (APPLICATION_ID, SCHEMA_VERSION, BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt,
+from .records import (APPLICATION_ID, SCHEMA_VERSION, BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, Settlement,
                       cost_from_json, cost_to_json, default_ledger_path, summarize)
 from .sqlite_store import SQLiteLedgerStore
 from .store import LedgerStore, LedgerTxn
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "BudgetRow", "BudgetStatus", "ChargeRecord", "Event", "Ledger",
-           "LedgerStore", "LedgerTxn", "Receipt", "SQLiteLedgerStore", "cost_from_json", "cost_to_json",
+           "LedgerStore", "LedgerTxn", "Receipt", "SQLiteLedgerStore", "Settlement", "cost_from_json", "cost_to_json",
            "default_ledger_path", "summarize"]

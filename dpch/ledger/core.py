@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
+import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..accounting import ACCOUNTANTS, SETTLED_KIND, Budget, CostNotSupported, Decision, _fmt, dp_params, get_accountant, make_budget
+from ..accounting import (ACCOUNTANTS, SETTLED_KIND, Budget, CostNotSupported, Decision, _fmt, dp_params, get_accountant,
+                          make_budget)
 from ..cost import MechanismCost, PrivacyCost
 from ..errors import BudgetExceeded, InvalidParameter, LedgerError, QueryRejected
-from .records import (BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, budget_dict, check_name, check_totals,
-                      cost_from_json, cost_numbers, cost_to_json, cost_to_json_checked, default_ledger_path,
-                      no_budget_message, spent_dict, summarize, totals)
+from .records import (BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, Settlement, budget_dict, check_name,
+                      check_totals, cost_from_json, cost_numbers, cost_to_json, cost_to_json_checked,
+                      default_ledger_path, no_budget_message, settlement_split, spent_dict, summarize, totals)
 from .sqlite_store import SQLiteLedgerStore
 from .store import LedgerStore, LedgerTxn
 
@@ -22,6 +25,12 @@ from .store import LedgerStore, LedgerTxn
 @dataclass
 class _ChargeResult:
     receipt: Receipt | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class _SettleResult:
+    settlement: Settlement | None = None
     error: Exception | None = None
 
 
@@ -71,7 +80,8 @@ class Ledger:
             raise LedgerError(f"ledger {self.path}: budget of analyst {b.analyst!r} on dataset {b.dataset!r} names an "
                               f"unknown accountant {b.accountant!r}")
         budget = b.budget()
-        problem = get_accountant(b.accountant).check_history(budget, [r.effective_cost() for r in rows])
+        problem = get_accountant(b.accountant).check_history(budget, [r.effective_cost() for r in rows],
+                                                             [r.cost for r in rows])
         if problem is not None:
             raise LedgerError(f"ledger {self.path} is inconsistent: the recorded charges of analyst {b.analyst!r} on "
                               f"dataset {b.dataset!r} break the budget ({problem}); refusing to answer queries")
@@ -96,7 +106,7 @@ class Ledger:
             else:
                 rows = txn.charges(analyst, dataset, old.generation)
                 check_totals(self.path, old, rows)
-                problem = acc.check_history(budget, [r.effective_cost() for r in rows])
+                problem = acc.check_history(budget, [r.effective_cost() for r in rows], [r.cost for r in rows])
                 if problem is not None:
                     raise InvalidParameter(f"the {len(rows)} charges already recorded for analyst {analyst!r} on dataset "
                                            f"{dataset!r} do not fit the new budget ({problem}); a reset is needed first")
@@ -141,7 +151,10 @@ class Ledger:
             spent = acc.spent(budget, [r.effective_cost() for r in rows])
         except CostNotSupported as exc:
             raise LedgerError(f"ledger {self.path} is inconsistent: {exc.args[0]}") from None
-        return BudgetStatus(row.analyst, row.dataset, budget, spent, acc.remaining(budget, spent), len(rows), row.generation)
+        realized, reserved, refunded, n_settled, n_held = settlement_split(rows)
+        return BudgetStatus(row.analyst, row.dataset, budget, spent, acc.remaining(budget, spent), len(rows), row.generation,
+                            realized_epsilon=realized, reserved_epsilon=reserved, refunded_epsilon=refunded,
+                            settled=n_settled, unsettled=n_held)
 
     # -- charging ---------------------------------------------------------------------------
     def charge(self, analyst: str, dataset: str, cost: PrivacyCost, query: str) -> Receipt:
@@ -163,6 +176,8 @@ class Ledger:
         qhash = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()
         summary = summarize(cost)
         eps, dlt, rho = cost_numbers(cost)
+        token = secrets.token_hex(16)  # the settlement capability, held only by the returned Receipt
+        token_hash = hashlib.sha256(token.encode()).hexdigest()
 
         def fn(txn: LedgerTxn) -> _ChargeResult:
             row = txn.get_budget(analyst, dataset)
@@ -197,9 +212,9 @@ class Ledger:
             txn.add_event("charge", analyst, dataset, cid, {
                 "accountant": row.accountant, "epsilon": eps, "delta": dlt, "rho": rho, "query_hash": qhash,
                 "spent_after": spent_dict(decision.spent_after), "remaining": spent_dict(decision.remaining),
-                "total_epsilon": s_eps, "total_delta": s_dlt, "n_charges": n})
+                "total_epsilon": s_eps, "total_delta": s_dlt, "n_charges": n, "settle_token_sha256": token_hash})
             return _ChargeResult(receipt=Receipt(cid, analyst, dataset, row.accountant, cost, qhash, now,
-                                                 decision.spent_after, decision.remaining))
+                                                 decision.spent_after, decision.remaining, token))
 
         result = self.store.transaction(fn)
         if result.error is not None:
@@ -257,67 +272,123 @@ class Ledger:
             raise LedgerError(f"ledger {self.path} has no charge matching receipt #{receipt.id}")
         return rec
 
-    def settle(self, receipt: Receipt, realized: PrivacyCost) -> None:
-        """A posteriori settlement, odp_privacy_accounting.md Alg. 1 (ODPComposition) and Thm 7.
+    def settle(self, receipt: Receipt, realized: PrivacyCost, *, analyst: str | None = None) -> Settlement:
+        """A posteriori settlement: odp_privacy_accounting.md Alg. 1 (ODPComposition) lines 13-15,
+        valid by Thm 7; in filter form Alg. 6 line 12 (docs/LEDGER.md, "Output-DP accounting").
 
-        Before running, each mechanism declared (P, E, δ) (Def. 2) through its ε (= sup E, checked
-        against the remaining budget, Alg. 1 line 9) and `odp_epsilons` (the values E(P_k)). After it
-        ran, `realized` gives for each mechanism, in the same order, the ε of the cell its output fell
-        in: the ledger replaces the reserved ε by it (line 14). Rules enforced:
-        - only under simple composition (accountants `basic` and `pure`): Thm 7 is proved for the
-          linear filter Σε ≤ ε_t, Σδ ≤ δ_t (Appendix A: Alg. 1 as an ODP filter);
-        - each realized ε must be one of the declared E(P_k) or the full reserved ε (trivial
-          partition, Lemma 3); nothing else is refunded;
-        - δ is never refunded (line 15 subtracts the declared δ_i whatever the output);
-        - a charge settles once, and not after a failed execution (the output is unknown).
+        Before running, each mechanism declared (P, E, δ) (Def. 2) through its ε (= sup E, charged
+        and checked against the budget at charge time: Alg. 1 line 9, Alg. 6 line 7) and
+        `odp_epsilons` (the values E(P_k)). After it ran, `realized` gives for each mechanism, in the
+        same order, the ε of the cell its released output fell in (build it with
+        `dpch.accounting.odp_realized(receipt.cost, cells)`): the ledger replaces the reserved ε by it
+        (line 14). One store transaction, like `charge`. Refused (InvalidParameter, and a
+        `settle_refused` event; nothing changes):
+        - a receipt that is not the one `charge` returned (its settlement token does not match), or,
+          with `analyst` given, a charge of another analyst;
+        - accountants without simple composition (only `pure`, `basic`, `odp`: Thm 7 is proved for
+          the linear filter Σε ≤ ε_t, Σδ ≤ δ_t, Appendix A);
+        - a realised ε that is larger than the reservation or is not one of the declared E(P_k) or the
+          full ε (trivial partition, Lemma 3); a realised δ larger than the reserved one. δ is never
+          refunded (line 15 subtracts the declared δ_i whatever the output);
+        - a failed charge (the output cell is unknown), a charge of an older generation (reset), and
+          a second settlement with a different realised cost. Settling again with the same realised
+          cost changes nothing and returns the recorded `Settlement` with `replayed=True`.
         Settling after later charges were made is conservative: those charges were checked against
         a smaller remaining budget than Alg. 1 would have used.
         """
-        if not isinstance(realized, PrivacyCost):
-            raise InvalidParameter("realized must be a PrivacyCost")
+        if not isinstance(receipt, Receipt):
+            raise InvalidParameter("receipt must be the Receipt that charge returned")
+        if not isinstance(realized, PrivacyCost) or not all(isinstance(m, MechanismCost) for m in realized.mechanisms):
+            raise InvalidParameter("realized must be a PrivacyCost of MechanismCost")
+        owner = None if analyst is None else check_name(analyst, "analyst")
+        token_hash = hashlib.sha256(receipt.token.encode()).hexdigest() if isinstance(receipt.token, str) and receipt.token else None
+        try:
+            receipt_cost_json = cost_to_json(receipt.cost)
+        except (ValueError, TypeError, AttributeError):
+            raise InvalidParameter("the receipt's cost is unreadable") from None
 
-        def fn(txn: LedgerTxn) -> None:
+        def fn(txn: LedgerTxn) -> _SettleResult:
             rec = self._charge_for(txn, receipt)
+            if rec.created_at != receipt.created_at or rec.cost_json != receipt_cost_json:
+                raise LedgerError(f"ledger {self.path} has no charge matching receipt #{receipt.id}")
+
+            def refuse(message: str) -> _SettleResult:
+                txn.add_event("settle_refused", rec.analyst, rec.dataset, rec.id, {"reason": message})
+                return _SettleResult(error=InvalidParameter(message))
+
+            if owner is not None and owner != rec.analyst:
+                return refuse(f"charge #{rec.id} belongs to another analyst; only its own charges settle for {owner!r}")
+            recorded = [e.detail.get("settle_token_sha256") for e in txn.events(kind="charge", charge_id=rec.id)]
+            if len(recorded) != 1 or not isinstance(recorded[0], str):
+                return refuse(f"charge #{rec.id} has no settlement token on record; it stays charged at its reservation")
+            if token_hash is None or not hmac.compare_digest(recorded[0], token_hash):
+                return refuse(f"receipt #{rec.id} is not the one its charge returned (settlement token mismatch); only "
+                              f"the process that made the charge can settle it, and the charge stays at its reservation")
             row = txn.get_budget(rec.analyst, rec.dataset)
             if row is None or row.generation != rec.generation:
-                raise InvalidParameter(f"charge #{rec.id} belongs to a budget that was reset; nothing to settle")
-            for name in {rec.accountant, row.accountant}:
+                return refuse(f"charge #{rec.id} belongs to a budget that was reset; nothing to settle")
+            for name in dict.fromkeys((rec.accountant, row.accountant)):
                 if not get_accountant(name).supports_settlement:
-                    raise InvalidParameter(
-                        f"a posteriori settlement is defined for simple composition only (ODP paper Thm 7); the "
-                        f"{name} accountant does not allow it")
-            if rec.outcome not in ("reserved", "executed"):
-                raise InvalidParameter(f"charge #{rec.id} is {rec.outcome}; only a reserved or executed charge settles")
+                    return refuse(f"a posteriori settlement is defined for simple composition only (ODP paper Thm 7); "
+                                  f"the {name} accountant does not allow it")
             reserved = rec.cost
             if len(realized.mechanisms) != len(reserved.mechanisms):
-                raise InvalidParameter("the realized cost must list the same mechanisms as the reserved one")
+                return refuse("the realized cost must list the same mechanisms as the reserved one")
             effective = []
             for m, r in zip(reserved.mechanisms, realized.mechanisms):
+                what = m.label or m.kind
                 if r.kind not in (m.kind, SETTLED_KIND) or r.label != m.label:
-                    raise InvalidParameter(f"realized mechanism {r.label or r.kind!r} does not match reserved "
-                                           f"{m.label or m.kind!r}")
+                    return refuse(f"realized mechanism {r.label or r.kind!r} does not match reserved {what!r}")
                 full_eps, full_delta = dp_params(m)
-                allowed = {full_eps, *m.odp_epsilons}
-                if not any(abs(r.epsilon - a) <= 1e-12 * max(1.0, a) for a in allowed):
-                    raise InvalidParameter(
-                        f"realized ε = {_fmt(r.epsilon)} of {m.label or m.kind!r} is not one of the ODP partition values "
-                        f"declared before it ran ({', '.join(_fmt(a) for a in sorted(allowed))})")
-                eps = min(full_eps, max(a for a in allowed if abs(r.epsilon - a) <= 1e-12 * max(1.0, a)))
-                effective.append(MechanismCost(kind=SETTLED_KIND, sensitivity=0.0, scale=0.0, epsilon=eps,
-                                               delta=full_delta, rho=None, label=m.label))
+                if not (isinstance(r.epsilon, (int, float)) and math.isfinite(r.epsilon) and r.epsilon >= 0):
+                    return refuse(f"realized ε of {what!r} must be a finite number >= 0")
+                if r.epsilon > full_eps * (1 + 1e-12):
+                    return refuse(f"realized ε = {_fmt(r.epsilon)} of {what!r} is larger than the reservation "
+                                  f"sup E = {_fmt(full_eps)} (Alg. 1 line 9 reserved the worst case)")
+                if not (isinstance(r.delta, (int, float)) and math.isfinite(r.delta)) or r.delta > full_delta * (1 + 1e-12):
+                    return refuse(f"realized δ of {what!r} is larger than the reserved δ = {_fmt(full_delta)}")
+                allowed = [a for a in (full_eps, *m.odp_epsilons) if abs(r.epsilon - a) <= 1e-12 * max(1.0, a)]
+                if not allowed:
+                    declared = sorted({full_eps, *m.odp_epsilons})
+                    return refuse(f"realized ε = {_fmt(r.epsilon)} of {what!r} is not one of the ODP partition values "
+                                  f"declared before it ran ({', '.join(_fmt(a) for a in declared)})")
+                # Alg. 1 line 14: ε_r -= E(P_k) of the realised cell; line 15: δ_r -= δ_i, whatever the output
+                effective.append(MechanismCost(kind=SETTLED_KIND, sensitivity=0.0, scale=0.0,
+                                               epsilon=min(full_eps, max(allowed)), delta=full_delta, rho=None,
+                                               label=m.label))
             eff = PrivacyCost(tuple(effective))
+            eff_json = cost_to_json(eff)
+            if rec.outcome == "settled":
+                if rec.realized_json == eff_json:  # the same settlement again: idempotent, nothing written
+                    return _SettleResult(settlement=Settlement(rec.id, rec.epsilon, rec.effective_epsilon,
+                                                               rec.epsilon - rec.effective_epsilon,
+                                                               rec.effective_delta, replayed=True))
+                return refuse(f"charge #{rec.id} is already settled at realised ε = {_fmt(rec.effective_epsilon)}; "
+                              f"a charge settles once")
+            if rec.outcome not in ("reserved", "executed"):
+                return refuse(f"charge #{rec.id} is {rec.outcome}; only a reserved or executed charge settles "
+                              f"(the output cell of a failed execution is unknown: it stays at its worst case)")
+            rows = txn.charges(rec.analyst, rec.dataset, rec.generation)
+            check_totals(self.path, row, rows)
             e_eps, e_dlt, _ = cost_numbers(eff)
             now = time.time()
-            new = replace(rec, outcome="settled", realized_json=cost_to_json(eff), effective_epsilon=e_eps,
+            new = replace(rec, outcome="settled", realized_json=eff_json, effective_epsilon=e_eps,
                           effective_delta=e_dlt, effective_rho=None, updated_at=now)
             txn.update_charge(new)
-            rows = [new if c.id == rec.id else c for c in txn.charges(rec.analyst, rec.dataset, rec.generation)]
+            rows = [new if c.id == rec.id else c for c in rows]
             s_eps, s_dlt, s_rho, n = totals(rows)
             txn.put_budget(replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n, updated_at=now))
             txn.add_event("settle", rec.analyst, rec.dataset, rec.id, {
-                "reserved_epsilon": rec.epsilon, "realized_epsilon": e_eps, "refund_epsilon": rec.epsilon - e_eps,
-                "delta_kept": e_dlt, "rule": "odp_privacy_accounting.md Alg. 1 line 14"})
-        self.store.transaction(fn)
+                "accountant": row.accountant, "reserved_epsilon": rec.epsilon, "realized_epsilon": e_eps,
+                "refund_epsilon": rec.epsilon - e_eps, "delta_kept": e_dlt, "total_epsilon": s_eps,
+                "rule": "odp_privacy_accounting.md Alg. 1 lines 14-15 (Alg. 6 line 12)"})
+            return _SettleResult(settlement=Settlement(rec.id, rec.epsilon, e_eps, rec.epsilon - e_eps, e_dlt))
+
+        result = self.store.transaction(fn)
+        if result.error is not None:
+            raise result.error
+        assert result.settlement is not None
+        return result.settlement
 
     # -- administration ---------------------------------------------------------------------
     def reset(self, analyst: str, dataset: str, *, confirm: bool = False) -> None:

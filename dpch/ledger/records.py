@@ -36,7 +36,12 @@ def default_ledger_path() -> Path:
 
 @dataclass(frozen=True)
 class Receipt:
-    """Proof that a query's cost was charged (and committed) before it ran."""
+    """Proof that a query's cost was charged (and committed) before it ran.
+
+    `token` is the capability to settle the charge (`Ledger.settle`): a random secret that exists
+    only in the memory of the process that charged; the ledger keeps its SHA-256 in the charge's
+    event. A receipt rebuilt from the history, or lost in a crash, cannot settle: the charge then
+    stays at its worst case for good (fail closed). It is never shown (repr) and never compared."""
 
     id: int
     analyst: str
@@ -47,10 +52,32 @@ class Receipt:
     created_at: float
     spent_after: Spent
     remaining: Spent
+    token: str = field(default="", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What `Ledger.settle` did to one charge (odp_privacy_accounting.md Alg. 1 line 14): the ε it
+    reserved (sup E, Alg. 1 line 9), the realised ε it counts at now, the refund (their difference)
+    and the δ it keeps (never refunded, line 15). `replayed` is True when the same settlement had
+    already been recorded and nothing changed (settle is idempotent)."""
+
+    charge_id: int
+    reserved_epsilon: float
+    realized_epsilon: float
+    refund_epsilon: float
+    delta: float
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
 class BudgetStatus:
+    """A budget and what its current generation spent. `spent`/`remaining` are in the accountant's
+    currency. The output-DP split (basic composition of the charges' own numbers, whatever the
+    accountant): `realized_epsilon` is what the `settled` charges count at (their realised ε),
+    `reserved_epsilon` what the `unsettled` ones (reserved, executed, failed) hold at their worst
+    case, and `refunded_epsilon` what settlement gave back (reserved - realised of the settled)."""
+
     analyst: str
     dataset: str
     budget: Budget
@@ -58,10 +85,20 @@ class BudgetStatus:
     remaining: Spent
     queries: int
     generation: int
+    realized_epsilon: float = 0.0
+    reserved_epsilon: float = 0.0
+    refunded_epsilon: float = 0.0
+    settled: int = 0
+    unsettled: int = 0
 
     def describe(self) -> str:
-        return (f"analyst {self.analyst!r} on dataset {self.dataset!r} ({self.budget.accountant}): "
+        text = (f"analyst {self.analyst!r} on dataset {self.dataset!r} ({self.budget.accountant}): "
                 f"spent {self.spent.describe()}; remaining {self.remaining.describe()}")
+        if self.settled or self.budget.accountant == "odp":
+            text += (f"; output DP: {self.settled} settled at realised ε={_fmt(self.realized_epsilon)} "
+                     f"(refunded {_fmt(self.refunded_epsilon)}), {self.unsettled} held at worst case "
+                     f"ε={_fmt(self.reserved_epsilon)}")
+        return text
 
 
 @dataclass(frozen=True)
@@ -209,6 +246,14 @@ def check_name(value: str, what: str) -> str:
 def no_budget_message(analyst: str, dataset: str) -> str:
     return (f"no budget set for analyst {analyst!r} on dataset {dataset!r}; an administrator runs: "
             f"dpch budget set --analyst {analyst} --dataset {dataset} --epsilon EPS [--delta DELTA] [--accountant NAME]")
+
+def settlement_split(rows: Sequence[ChargeRecord]) -> tuple[float, float, float, int, int]:
+    """(realised ε of the settled, worst-case ε of the unsettled, refunded ε, #settled, #unsettled)."""
+    settled = [r for r in rows if r.outcome == "settled"]
+    held = [r for r in rows if r.outcome != "settled"]
+    return (math.fsum(r.effective_epsilon for r in settled), math.fsum(r.epsilon for r in held),
+            math.fsum(r.epsilon - r.effective_epsilon for r in settled), len(settled), len(held))
+
 
 def totals(rows: Sequence[ChargeRecord]) -> tuple[float, float, float, int]:
     return (math.fsum(r.effective_epsilon for r in rows), math.fsum(r.effective_delta for r in rows),

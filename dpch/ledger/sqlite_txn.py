@@ -237,6 +237,7 @@ class SQLiteTxn:
             raise LedgerError(f"ledger {self.path}: event #{values[0]} is unreadable") from None
         return Event(values[0], values[1], values[2], values[3], values[4], values[5], detail)
 
-    def events(self, analyst=None, dataset=None, kind=None):
-        return [self._event_row(r) for r in self._select("events", analyst=analyst, dataset=dataset, kind=kind)]
+    def events(self, analyst=None, dataset=None, kind=None, charge_id=None):
+        return [self._event_row(r) for r in self._select("events", analyst=analyst, dataset=dataset, kind=kind,
+                                                         charge_id=charge_id)]
 
