@@ -376,3 +376,75 @@ def test_join_and_cte_through_the_gateway(server):
     assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.5)
     r = q(server, "SELECT COUNT(*) FROM demo.zones SETTINGS dpch_epsilon = 1")
     assert r.status_code == 400 and "only public tables" in r.text
+
+
+# -- partition selection rule (dpch_selection, the gateway's `selection=`) ---------------------------
+
+def _selection_message() -> str:
+    from dpch.plan.options import SELECTION_RULES
+
+    return f"dpch_selection must be {', '.join(SELECTION_RULES[:-1])} or {SELECTION_RULES[-1]}"
+
+
+_SELECTION_MESSAGE = _selection_message()  # the planner's rules (auto, optimal, gaussian, laplace, …)
+
+
+def test_selection_setting_is_validated_unit():
+    """dpch_selection takes the values of db.query(selection=...) and the CLI's --selection
+    (dpch.plan.options.SELECTION_RULES), in any case; anything else is DPCH_INVALID_PARAMETER naming
+    the setting and the accepted values (no engine, no charge: the settings are read before anything
+    runs)."""
+    from dpch.gateway.errors import GatewayError
+    from dpch.gateway.router import DPOptions
+    from dpch.plan.options import SELECTION_RULES
+
+    assert DPOptions.from_settings({}).selection == "auto"
+    assert DPOptions.from_settings({"dpch_selection": ""}).selection == "auto"
+    for rule in SELECTION_RULES:
+        assert DPOptions.from_settings({"dpch_selection": rule.upper()}).selection == rule
+    for bad in ["magic", "optimal ", "gauss", "none", "1"]:
+        with pytest.raises(GatewayError) as e:
+            DPOptions.from_settings({"dpch_selection": bad})
+        assert e.value.code == 9103
+        assert e.value.message == _SELECTION_MESSAGE
+
+
+def test_selection_setting_reaches_the_planner(server):
+    """A GROUP BY key without a public domain (intDiv(purchase_id, 1000): purchase_id has no bounds)
+    is selected privately; dpch_selection picks the rule, in SETTINGS or as a URL parameter, and
+    system.settings lists it. The value reaches the planner: the optimal rule cannot be offered at
+    δ = 1e-40 (it needs δ ≥ 2^-96), so 'optimal' is refused there before any charge, while 'auto'
+    falls back to the Laplace threshold and answers. Bad values, and a rule asked for together with
+    dp_* functions (which choose the rule themselves), are refused before any charge."""
+    def spent():
+        out = _cli("budget", "show", "--data-dir", str(server.data_dir), "--analyst", "alice").stdout
+        return float(out.splitlines()[2].split()[5])
+    sql = ("SELECT intDiv(purchase_id, 1000) AS b, COUNT(*) AS n FROM demo.purchases GROUP BY b "
+           "SETTINGS dpch_epsilon = 0.5, dpch_delta = {delta}, dpch_selection = '{rule}' FORMAT JSONEachRow")
+    s0 = spent()
+    for rule in ("auto", "optimal", "gaussian", "laplace", "Laplace"):
+        r = q(server, sql.format(delta=1e-6, rule=rule))
+        assert r.status_code == 200, (rule, r.text)
+        assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.5)
+        assert float(r.headers["X-DPCH-Delta"]) == pytest.approx(1e-6)
+    r = q(server, "SELECT intDiv(purchase_id, 1000) AS b, COUNT(*) AS n FROM demo.purchases GROUP BY b",
+          dpch_epsilon="0.5", dpch_delta="1e-6", dpch_selection="gaussian")
+    assert r.status_code == 200, r.text
+    assert spent() == pytest.approx(s0 + 3.0)
+    r = q(server, sql.format(delta=1e-40, rule="auto"))
+    assert r.status_code == 200, r.text
+    assert spent() == pytest.approx(s0 + 3.5)
+    refused = [(sql.format(delta=1e-40, rule="optimal"), "selection='optimal'"),
+               (sql.format(delta=1e-6, rule="magic"), _SELECTION_MESSAGE),
+               ("SELECT dp_count(0.5) AS n FROM demo.purchases SETTINGS dpch_selection = 'optimal'",
+                "dpch_selection applies to SQL aggregates with dpch_epsilon")]
+    for bad, message in refused:
+        r = q(server, bad)
+        assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "9103", (bad, r.text)
+        assert message in r.text and "DPCH_INVALID_PARAMETER" in r.text, r.text
+    r = q(server, "SELECT dp_count(0.5) AS n FROM demo.purchases SETTINGS dpch_selection = 'auto'")
+    assert r.status_code == 200, r.text
+    assert spent() == pytest.approx(s0 + 4.0)
+    rows = json.loads(q(server, "SELECT name, default FROM system.settings WHERE name = 'dpch_selection' "
+                        "FORMAT JSONEachRow").text)
+    assert rows == {"name": "dpch_selection", "default": "auto"}

@@ -29,8 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--unit-column", default=None, help="privacy unit column for *-unit neighbours")
     p.add_argument("--via", choices=["sql", "controller"], default="sql",
                    help="run the SQL as written (default) or audit the controller's rewrite")
-    p.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace"], default=None,
-                   help="with --via controller: the partition selection rule (as dpch query --selection)")
+    p.add_argument("--selection", default=None, metavar="RULE",
+                   help="with --via controller: the partition selection rule, as dpch query --selection "
+                        "(checked by the planner)")
     p.add_argument("--methods", default="search,logistic,boosting",
                    help="comma-separated: search, logistic, boosting (default all)")
     p.add_argument("--pilot", type=int, default=1000, help="runs per candidate in the worst-case search")

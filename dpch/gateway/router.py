@@ -19,6 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from .. import dp_functions
+from ..plan.options import SELECTION_RULES
 from . import metadata
 from .formats import resolve_format
 from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
@@ -80,6 +81,7 @@ class DPOptions:
     mechanism: str = "auto"
     with_ci: bool = False
     confidence: float | None = None
+    selection: str = "auto"
 
     @classmethod
     def from_settings(cls, s: dict[str, str]) -> "DPOptions":
@@ -109,6 +111,11 @@ class DPOptions:
             o.with_ci = v in ("1", "true")
         if s.get("dpch_confidence", "") != "":
             o.confidence = num("dpch_confidence")
+        if s.get("dpch_selection", "") != "":
+            o.selection = s["dpch_selection"].lower()
+            if o.selection not in SELECTION_RULES:
+                raise GatewayError(DPCH_INVALID_PARAMETER,
+                                   f"dpch_selection must be {', '.join(SELECTION_RULES[:-1])} or {SELECTION_RULES[-1]}")
         return o
 
 
@@ -179,6 +186,9 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     conn = gw.connection(user)
     try:
         if dp_functions.has_dp_calls(tree):
+            if opts.selection != "auto":  # run_dp_functions chooses the rule itself: refuse, never ignore
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_selection applies to SQL aggregates with "
+                                   "dpch_epsilon; queries calling dp_* functions use dpch_selection = 'auto'")
             rw = dp_functions.rewrite_dp_functions(tree, extra_delta=opts.delta)
             out = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence,
                                                 fmt=fmt, format_settings=format_settings)
@@ -189,7 +199,7 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
                                    "dpch_epsilon = <ε> (and dpch_delta for Gaussian noise or private groups), "
                                    "pass dpch_epsilon as a URL parameter or client setting, or call dp_count(ε), "
                                    "dp_sum(x, lo, hi, ε), dp_avg(x, lo, hi, ε)")
-            o: dict = {"mechanism": opts.mechanism}
+            o: dict = {"mechanism": opts.mechanism, "selection": opts.selection}
             if opts.confidence is not None:
                 o["confidence"] = opts.confidence
             from ..controller import run_query, run_query_formatted
