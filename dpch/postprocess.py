@@ -138,7 +138,8 @@ def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
     if q.kind == "quantile":
         return {
             "mechanism": "exponential",
-            "sampler": "permute-and-flip over a sparse histogram (Kaplan et al. recursion for several levels)",
+            "sampler": ("permute-and-flip over a sparse histogram (two levels: independent at ε/2 each, "
+                        "sorted; three or more: the Kaplan et al. recursion)"),
             "epsilon": q.epsilon,
             "delta": 0.0,
             "noise_scale": q.scale,  # temperature in rows at level 0 or 1

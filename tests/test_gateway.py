@@ -448,3 +448,41 @@ def test_selection_setting_reaches_the_planner(server):
     rows = json.loads(q(server, "SELECT name, default FROM system.settings WHERE name = 'dpch_selection' "
                         "FORMAT JSONEachRow").text)
     assert rows == {"name": "dpch_selection", "default": "auto"}
+
+
+def test_top_k_setting_is_validated_unit():
+    """dpch_top_k takes TOP_K_METHODS in any case; anything else is DPCH_INVALID_PARAMETER naming the
+    setting (read before anything runs)."""
+    from dpch.gateway.errors import GatewayError
+    from dpch.gateway.router import DPOptions
+    from dpch.plan.options import TOP_K_METHODS
+
+    assert DPOptions.from_settings({}).top_k == "auto"
+    for method in TOP_K_METHODS:
+        assert DPOptions.from_settings({"dpch_top_k": method.upper()}).top_k == method
+    for bad in ["fast", "peel", " peeling"]:
+        with pytest.raises(GatewayError) as e:
+            DPOptions.from_settings({"dpch_top_k": bad})
+        assert e.value.code == 9103 and "dpch_top_k must be" in e.value.message
+
+
+def test_top_k_setting_reaches_the_planner(server):
+    """A top-n query over the public regions answers with n rows under both methods; peeling on a
+    query that is not a top-n query is refused by the planner before any charge (9103), as is a
+    method other than auto with dp_* functions; system.settings lists dpch_top_k."""
+    sql = ("SELECT region, COUNT(*) AS n FROM demo.purchases GROUP BY region ORDER BY n DESC LIMIT 2 "
+           "SETTINGS dpch_epsilon = 0.5, dpch_top_k = '{m}' FORMAT JSONEachRow")
+    for method in ("peeling", "post_processing", "AUTO"):
+        r = q(server, sql.format(m=method))
+        assert r.status_code == 200, (method, r.text)
+        assert len([line for line in r.text.splitlines() if line.strip()]) == 2, r.text
+    for bad, message in [("SELECT COUNT(*) AS n FROM demo.purchases SETTINGS dpch_epsilon = 0.5, dpch_top_k = 'peeling'",
+                          "top_k='peeling' needs a grouped query"),
+                         ("SELECT dp_count(0.5) AS n FROM demo.purchases SETTINGS dpch_top_k = 'peeling'",
+                          "dpch_top_k applies to SQL aggregates with dpch_epsilon")]:
+        r = q(server, bad)
+        assert r.status_code == 400 and r.headers["X-ClickHouse-Exception-Code"] == "9103", (bad, r.text)
+        assert message in r.text, r.text
+    rows = json.loads(q(server, "SELECT name, default FROM system.settings WHERE name = 'dpch_top_k' "
+                        "FORMAT JSONEachRow").text)
+    assert rows == {"name": "dpch_top_k", "default": "auto"}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 from sqlglot import exp
 
-from ..plan.options import SELECTION_RULES
+from ..plan.options import SELECTION_RULES, TOP_K_METHODS
 from .errors import ACCESS_DENIED, UNKNOWN_TABLE, GatewayError
 
 SERVER_VERSION = "26.9.1.1"  # the engine DPCH is tested with; clients use it for feature checks
@@ -33,6 +33,7 @@ DP_SETTINGS = [
     ("dpch_with_ci", "0", "Bool", "add <col>_lo/<col>_hi columns"),
     ("dpch_confidence", "0.95", "Float64", "confidence level of the intervals"),
     ("dpch_selection", "auto", "String", " | ".join(SELECTION_RULES) + " (private partition selection rule)"),
+    ("dpch_top_k", "auto", "String", " | ".join(TOP_K_METHODS) + " (how ORDER BY <COUNT/SUM> LIMIT n is answered)"),
 ]
 META_FUNCTIONS = {"version", "timezone", "servertimezone", "currentuser", "user", "current_user",
                   "currentdatabase", "database", "current_database", "hostname", "uptime"}

@@ -19,7 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from .. import dp_functions
-from ..plan.options import SELECTION_RULES
+from ..plan.options import SELECTION_RULES, TOP_K_METHODS
 from . import metadata
 from .formats import resolve_format
 from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
@@ -82,6 +82,7 @@ class DPOptions:
     with_ci: bool = False
     confidence: float | None = None
     selection: str = "auto"
+    top_k: str = "auto"
 
     @classmethod
     def from_settings(cls, s: dict[str, str]) -> "DPOptions":
@@ -116,6 +117,11 @@ class DPOptions:
             if o.selection not in SELECTION_RULES:
                 raise GatewayError(DPCH_INVALID_PARAMETER,
                                    f"dpch_selection must be {', '.join(SELECTION_RULES[:-1])} or {SELECTION_RULES[-1]}")
+        if s.get("dpch_top_k", "") != "":
+            o.top_k = s["dpch_top_k"].lower()
+            if o.top_k not in TOP_K_METHODS:
+                raise GatewayError(DPCH_INVALID_PARAMETER,
+                                   f"dpch_top_k must be {', '.join(TOP_K_METHODS[:-1])} or {TOP_K_METHODS[-1]}")
         return o
 
 
@@ -189,6 +195,9 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
             if opts.selection != "auto":  # run_dp_functions chooses the rule itself: refuse, never ignore
                 raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_selection applies to SQL aggregates with "
                                    "dpch_epsilon; queries calling dp_* functions use dpch_selection = 'auto'")
+            if opts.top_k != "auto":
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_top_k applies to SQL aggregates with "
+                                   "dpch_epsilon; queries calling dp_* functions use dpch_top_k = 'auto'")
             rw = dp_functions.rewrite_dp_functions(tree, extra_delta=opts.delta)
             out = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence,
                                                 fmt=fmt, format_settings=format_settings)
@@ -199,7 +208,7 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
                                    "dpch_epsilon = <ε> (and dpch_delta for Gaussian noise or private groups), "
                                    "pass dpch_epsilon as a URL parameter or client setting, or call dp_count(ε), "
                                    "dp_sum(x, lo, hi, ε), dp_avg(x, lo, hi, ε)")
-            o: dict = {"mechanism": opts.mechanism, "selection": opts.selection}
+            o: dict = {"mechanism": opts.mechanism, "selection": opts.selection, "top_k": opts.top_k}
             if opts.confidence is not None:
                 o["confidence"] = opts.confidence
             from ..controller import run_query, run_query_formatted
