@@ -46,6 +46,10 @@ REL_TOL = 1e-12
 #: Alg. 1 line 14): only its realized ε and its reserved δ remain meaningful.
 SETTLED_KIND = "settled"
 
+#: A sparse-vector session (dpch.svt, odp_privacy_accounting.md Alg. 2): pure ε-DP with ε = ε1 + ε2
+#: (Lemma 8's sup E), so ε²/2-zCDP (Bun & Steinke Prop 1.4); its ODP cells are settled at exit.
+SPARSE_VECTOR_KIND = "sparse_vector"
+
 MAX_DECLARED_QUERIES = 100_000
 
 
@@ -340,7 +344,7 @@ def pure_epsilon(m: MechanismCost) -> float:
         raise CostNotSupported(f"mechanism {m.label or m.kind!r} is ({_fmt(m.epsilon)}, {_fmt(m.delta)})-DP, not pure ε-DP")
     if m.kind == "laplace":
         return max(m.epsilon, _ratio(m))
-    if m.kind in ("threshold", "exponential", SETTLED_KIND):
+    if m.kind in ("threshold", "exponential", SPARSE_VECTOR_KIND, SETTLED_KIND):
         return m.epsilon
     raise CostNotSupported(f"{m.kind} mechanism {m.label!r} is not pure ε-DP")
 
@@ -357,7 +361,7 @@ def dp_params(m: MechanismCost) -> tuple[float, float]:
         if m.epsilon <= 0 and m.sensitivity > 0:
             raise CostNotSupported(f"gaussian mechanism {m.label!r} declares ε = 0")
         return m.epsilon, m.delta
-    if m.kind in ("threshold", "exponential", SETTLED_KIND):
+    if m.kind in ("threshold", "exponential", SPARSE_VECTOR_KIND, SETTLED_KIND):
         return m.epsilon, m.delta
     raise CostNotSupported(f"unknown mechanism kind {m.kind!r}")
 
@@ -376,7 +380,7 @@ def zcdp_rho(m: MechanismCost) -> tuple[float, float]:
             raise CostNotSupported(f"laplace mechanism {m.label!r} declares δ > 0")
         e = max(m.epsilon, _ratio(m))
         return e * e / 2.0, 0.0
-    if m.kind in ("threshold", "exponential"):
+    if m.kind in ("threshold", "exponential", SPARSE_VECTOR_KIND):
         return m.epsilon * m.epsilon / 2.0, m.delta
     raise CostNotSupported(f"{m.kind} mechanism {m.label!r} has no zCDP guarantee")
 

@@ -8,7 +8,7 @@ import sys
 
 from .errors import DPCHError
 
-SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit", "load", "serve", "users"]
+SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit", "load", "serve", "users", "svt"]
 
 
 def package_version() -> str:

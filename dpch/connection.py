@@ -113,6 +113,15 @@ class Connection:
 
         return run_query(self, sql, epsilon=epsilon, delta=delta, **options)
 
+    def sparse_vector(self, dataset: str, threshold: float, epsilon: float, max_positives: int = 1,
+                      delta: float = 0.0, split: float | None = None):
+        """A sparse-vector (AboveThreshold) session on ``dataset`` (dpch.svt): ``with ... as svt:``
+        charges ε once, ``svt.above(sql)`` answers ⊤/⊥ for ungrouped COUNT/SUM queries until
+        ``max_positives`` ⊤'s, and the exit settles ε1 + (c′/c)·ε2 for the c′ ⊤'s released."""
+        from .svt import SparseVector
+
+        return SparseVector(self, dataset, threshold, epsilon, max_positives, delta, split)
+
     def explain(self, sql: str, *, epsilon: float, delta: float = 0.0, **options):
         """Show the rewritten SQL, per-aggregate sensitivity, mechanism and budget split. Executes
         nothing and charges nothing."""
