@@ -631,4 +631,67 @@ static inline int64_t dpch_combine_i64(int64_t m, int64_t noise, int k) {
     return (int64_t)(s * ((dpch_i128)1 << k));
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Bounded Laplace (biswal thesis §5.5, Def. 5.5.3) on the grid: constant-work sampler          */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The output is c + Z for Z discrete Laplace of scale t/2^shift (CKS20 Alg. 2) conditioned on
+ * lo <= c + Z <= hi (grid units). Rejection sampling would run until a candidate lands in the
+ * range, and its expected number of rounds (1/P(in range), between 1 and about 2) depends on the
+ * centre c, hence on the data: a timing channel. Instead exactly K candidates are drawn every time
+ * (K depends on the public scale and range only, dpch.mechanisms.bl_candidates) and the first one
+ * in range is released; the choice is made without a data-dependent branch around the draws. If
+ * none is in range (probability <= 2^-64 for that K) the clamp of the last candidate is released:
+ * the output law is then within 2^-64 in total variation of the conditioned law, accounted as
+ * δ = (1 + e^ε)·2^-64 (dpch.mechanisms.BoundedLaplaceMechanism). The draws Z_i do not depend on c,
+ * so neither does the work.
+ */
+static inline dpch_i128 dpch_bounded_dlap(dpch_i128 c, dpch_i128 lo, dpch_i128 hi, uint64_t t,
+                                          unsigned shift, uint64_t K) {
+    dpch_i128 out = 0, last = c;
+    int64_t found = 0;
+    for (uint64_t i = 0; i < K; i++) {
+        dpch_i128 v = c + (dpch_i128)dpch_dlap(t, shift, 0);
+        int64_t in = (int64_t)((v >= lo) & (v <= hi));
+        dpch_i128 take = (dpch_i128)0 - (dpch_i128)(in & (found ^ 1)); /* all ones or zero */
+        out = (out & ~take) | (v & take);
+        found |= in;
+        last = v;
+    }
+    dpch_i128 fb = last < lo ? lo : (last > hi ? hi : last);
+    dpch_i128 keep = (dpch_i128)0 - (dpch_i128)found;
+    return (out & keep) | (fb & ~keep);
+}
+
+/* Grid bounds of [lo, hi] for the grid 2^k: *glo = ceil(lo / 2^k), *ghi = floor(hi / 2^k) as
+ * integer-valued doubles. Returns 0, or 1 if |lo|/2^k or |hi|/2^k is not below 2^100, 2 if the
+ * range holds no grid point. */
+static inline int dpch_bounded_grid(double lo, double hi, int k, double *glo, double *ghi) {
+    double a = dpch_scale2(lo, -k), b = dpch_scale2(hi, -k);
+    const double lim = 1267650600228229401496703205376.0; /* 2^100 */
+    if (!(fabs(a) < lim) || !(fabs(b) < lim)) return 1;
+    *glo = ceil(a);
+    *ghi = floor(b);
+    if (*ghi < *glo) return 2;
+    return 0;
+}
+
+/* One bounded Laplace release of a finite value v: clamp to [lo, hi], round half to even to the
+ * grid 2^k, clamp to the grid bounds [glo, ghi] (from dpch_bounded_grid), then dpch_bounded_dlap;
+ * the output 2^k (c + Z) is a correctly rounded double inside [lo, hi] (a function of the integer
+ * c + Z alone: post-processing). */
+static inline double dpch_bounded_release(double v, double lo, double hi, double glo, double ghi,
+                                          int k, uint64_t t, unsigned shift, uint64_t K) {
+    double x = v < lo ? lo : (v > hi ? hi : v);
+    double m = dpch_grid_round(x, k);
+    m = m < glo ? glo : (m > ghi ? ghi : m);
+    dpch_i128 out = dpch_bounded_dlap((dpch_i128)m, (dpch_i128)glo, (dpch_i128)ghi, t, shift, K);
+    return dpch_scale2((double)out, k);
+}
+
+/* The same on the grid {0..n} with the centre c in [0, n] (tests: the exact law is known). */
+static inline int64_t dpch_bounded_units(int64_t c, int64_t n, uint64_t t, unsigned shift, uint64_t K) {
+    return (int64_t)dpch_bounded_dlap((dpch_i128)c, 0, (dpch_i128)n, t, shift, K);
+}
+
 #endif /* DPCH_KERNEL_H */

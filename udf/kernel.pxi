@@ -58,6 +58,11 @@ cdef extern from "dpch_kernel.h" nogil:
     double dpch_combine_f64(double m, int64_t noise, int k, double v)
     int64_t dpch_grid_round_i64(int64_t v, int k)
     int64_t dpch_combine_i64(int64_t m, int64_t noise, int k)
+    # bounded Laplace (thesis §5.5; dpch.mechanisms.BoundedLaplaceMechanism)
+    int dpch_bounded_grid(double lo, double hi, int k, double *glo, double *ghi)
+    double dpch_bounded_release(double v, double lo, double hi, double glo, double ghi, int k,
+                                uint64_t t, unsigned shift, uint64_t K)
+    int64_t dpch_bounded_units(int64_t c, int64_t n, uint64_t t, unsigned shift, uint64_t K)
 
 # Grid sizes of docs/NOISE.md
 cdef enum:

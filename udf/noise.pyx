@@ -27,6 +27,8 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 __all__ = [
     "NoiseParameters",
     "bernoulli_exp",
+    "bounded_laplace_release",
+    "bounded_laplace_units",
     "discrete_gaussian",
     "discrete_laplace",
     "gaussian_parameters",
@@ -540,3 +542,69 @@ def top_k(scores, n, epsilon, sensitivity, draws=1):
         raise ValueError(f"top_k: {problem}")
     return [_top_k(&u[0], m, nn, eps, sens) for _ in range(count)]
 
+
+
+# --------------------------------------------------------------------------------------------
+# bounded Laplace (biswal thesis §5.5; dpch.mechanisms.BoundedLaplaceMechanism, docs/NOISE.md)
+# --------------------------------------------------------------------------------------------
+
+def bounded_laplace_release(values, scale, lo, hi):
+    """dpch_bounded_laplace on an array: each value clamped to [lo, hi] and rounded to the grid
+    r = grid(scale, 40), then the discrete Laplace of scale t/s >= scale/r (CKS20 Alg. 2)
+    conditioned on the grid points of [lo, hi], drawn by K candidates every time (K =
+    dpch.mechanisms.bounded_laplace_candidates(scale, lo, hi); udf/dpch_kernel.h,
+    dpch_bounded_dlap). Returns float64 outputs in [lo, hi].
+
+    Guarantee: dpch.mechanisms.BoundedLaplaceMechanism(scale, lo, hi).privacy_function."""
+    cdef double sc = _scale_arg("bounded_laplace_release", "scale", scale)
+    cdef double a = float(lo), b = float(hi)
+    if not isfinite(a):
+        raise ValueError("bounded_laplace_release: lo must be finite")
+    if not isfinite(b):
+        raise ValueError("bounded_laplace_release: hi must be finite")
+    if not a < b:
+        raise ValueError("bounded_laplace_release: hi must be greater than lo")
+    from dpch.mechanisms import bounded_laplace_candidates
+    from dpch.errors import InvalidParameter
+    try:
+        K = bounded_laplace_candidates(sc, a, b)
+    except InvalidParameter as exc:
+        raise ValueError(f"bounded_laplace_release: {exc}") from None
+    arr = _float_values("bounded_laplace_release", values)
+    cdef dpch_params p
+    dpch_params_compute(sc, LAPLACE_BITS, 0, &p)
+    cdef double glo, ghi
+    if dpch_bounded_grid(a, b, p.k, &glo, &ghi) != 0:
+        raise ValueError("bounded_laplace_release: lo, hi do not fit the noise grid")
+    out = np.empty_like(arr)
+    cdef const double[::1] x = arr.reshape(-1)
+    cdef double[::1] o = out.reshape(-1)
+    cdef Py_ssize_t i
+    cdef uint64_t kk = K
+    for i in range(x.shape[0]):
+        o[i] = dpch_bounded_release(x[i], a, b, glo, ghi, p.k, p.num, p.den_log2, kk)
+    return out
+
+
+def bounded_laplace_units(c, n, t, s, K, draws):
+    """`draws` outputs of the kernel's bounded discrete Laplace on the grid {0..n} centred at
+    c (0 <= c <= n < 2^62), scale t/s (s a power of two), K candidates (tests: the exact law,
+    fallback included, is known)."""
+    cdef int64_t cc = _int_arg("bounded_laplace_units", "c", c, 0)
+    cdef int64_t nn = _int_arg("bounded_laplace_units", "n", n, 0)
+    cdef object tt = _int_arg("bounded_laplace_units", "t", t, 1)
+    cdef object ss = _int_arg("bounded_laplace_units", "s", s, 1)
+    cdef uint64_t kk = _int_arg("bounded_laplace_units", "K", K, 1)
+    cdef Py_ssize_t count = _int_arg("bounded_laplace_units", "draws", draws, 0)
+    if cc > nn or nn >= (1 << 62):
+        raise ValueError("bounded_laplace_units: need 0 <= c <= n < 2^62")
+    if tt >= (1 << 63) or tt > ss * (1 << 50) or ss & (ss - 1) != 0:
+        raise ValueError("bounded_laplace_units: need t < 2^63, t/s <= 2^50, s a power of two")
+    cdef unsigned shift = ss.bit_length() - 1
+    cdef uint64_t tv = tt
+    out = np.empty(count, dtype=np.int64)
+    cdef int64_t[::1] o = out
+    cdef Py_ssize_t i
+    for i in range(count):
+        o[i] = dpch_bounded_units(cc, nn, tv, shift, kk)
+    return out
