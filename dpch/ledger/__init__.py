@@ -2,7 +2,7 @@
 
 Semantics (docs/LEDGER.md has the full note):
 - **Charge, then execute.** `Ledger.charge` decides with the budget's accountant
-  (`dpch/accounting.py`) and records the charge in one transaction. Only after it returns may the
+  (`dpch/accounting/`) and records the charge in one transaction. Only after it returns may the
   query run. A refused query raises `BudgetExceeded` (or `QueryRejected` when the accountant's
   theorem does not cover its mechanisms); nothing is charged and the refusal is written to the
   event log.
