@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -64,6 +64,16 @@ bench-partition-peers: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_partition_peers.py --units 100000 --keys 10000 --repeats 10 --peer-repeats 3 \
 		--out bench/out/partition_peers.json --markdown bench/out/partition_peers.md
+
+# Noisy top-n recall (issue 15): peeling vs post-processing vs auto against the true top n, Zipf keys,
+# k ∈ {1, 5, 20} keys per unit, n ∈ {1, 5, 10}, ε ∈ {0.1, 0.5, 1}, 20 releases each; 50 000 units
+# and a hard regime with 5 000 (stores cached in bench/.data/topk; see bench/RESULTS.md).
+bench-topk: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_topk.py --units 50000 --keys 10000 --repeats 20 \
+		--out bench/out/topk.json --markdown bench/out/topk.md
+	$(VPY) bench/bench_topk.py --units 5000 --keys 10000 --repeats 20 \
+		--out bench/out/topk_5000.json --markdown bench/out/topk_5000.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

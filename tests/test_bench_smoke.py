@@ -192,3 +192,39 @@ def test_partition_peers_dpch_tiny(tmp_path):
     assert got[("dpch_auto", 1)]["expected"] >= got[("dpch_laplace", 1)]["expected"]
     text = md.read_text()
     assert '| DPCH `selection="auto"` |' in text and "| true groups |" in text and "k=3, ε=1, δ=1e-06" in text
+
+
+def test_topk_recall_dpch_tiny(tmp_path):
+    """bench/bench_topk.py on tiny data at ε = 50, where both methods must return the true top n
+    (peeling: T = 2·n·Δ/(ε/2) <= 0.72 against gaps of dozens of units; post-processing: Laplace
+    b <= 3/50), so every recall is exactly 1; the recall's tie rule; auto picks the smaller order
+    noise; the markdown has one row per setting."""
+    from bench_topk import recall
+
+    counts = {10: 9, 11: 7, 12: 7, 13: 2}
+    assert recall([10, 12], counts, [10, 11, 12, 13], 2) == 1.0  # 12 ties with the 2nd largest
+    assert recall([13, 99], counts, [10, 11, 12, 13], 2) == 0.0 and recall([11], counts, [10, 11, 12, 13], 2) == 0.5
+
+    out, md = tmp_path / "t.json", tmp_path / "t.md"
+    cmd = [sys.executable, str(BENCH / "bench_topk.py"), "--units", "2000", "--keys", "200", "--ks", "3",
+           "--ns", "1,3", "--epsilons", "50", "--repeats", "2", "--auto-repeats", "1",
+           "--data-dir", str(tmp_path / "data"), "--out", str(out), "--markdown", str(md)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (ds,) = data["datasets"]
+    assert ds["rows"] == 6000 and [c for _, c in ds["top"]] == sorted((c for _, c in ds["top"]), reverse=True)
+    got = {(r["keys"], r["query"], r["n"]): r for r in data["rows"]}
+    assert set(got) == {(m, q, n) for m, q in (("public", "distinct"), ("public", "rows"), ("selected", "distinct"))
+                        for n in (1, 3)}
+    for r in got.values():
+        assert set(r["methods"]) == {"peeling", "post_processing", "auto"}
+        for m in r["methods"].values():
+            assert all(0.0 <= x <= 1.0 for x in m["recalls"]) and m["seconds_mean"] > 0
+            assert m["recalls"] == [1.0] * m["runs"], r
+        scores = r["order_noise_std"]
+        assert r["auto_pick"] == min(scores, key=scores.get) and r["verdict"] == "≈"
+        assert (r["delta"] > 0) == (r["keys"] == "selected")
+    text = md.read_text()
+    assert "| public | distinct | 3 | 1 | 50 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in text
+    assert "| selected | distinct | 3 | 3 | 50 |" in text and len(text.strip().splitlines()) == 2 + 6
