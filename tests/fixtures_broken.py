@@ -186,3 +186,66 @@ SQL_QUANTILE_HALF_TEMPERATURE = (
     "toFloat64({eps}) * 2, toUInt64(1))), 1) AS v FROM {table}")
 """BROKEN: dp_quantile through the real UDF with the temperature halved (the kernel is asked for
 2ε): permute-and-flip at temperature Δ/ε is 2ε-DP, not ε-DP."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Top-k (dp_top_k and the controller's peeling top-n: dpch.mechanisms.TopKMechanism)
+# ---------------------------------------------------------------------------------------------
+def top_k_scores(values, domain) -> list[int]:
+    """dp_top_k's scores: the rows per domain value (values outside the domain count for none)."""
+    x = np.asarray(values)
+    return [int(np.sum(x == v)) for v in domain]
+
+
+def kernel_top_k(domain, n: int, eps: float, column: str = "x"):
+    """CORRECT: dp_top_k(x, domain, n, eps) through the kernel (TopKMechanism.sample, the code
+    path of the UDF dpch_top_k): n rounds of permute-and-flip at temperature 2n/ε, ε-DP under
+    add/remove-one-row (and ε/2 under it for these monotone scores: docs/AUDIT.md §9)."""
+    from dpch.mechanisms import TopKMechanism
+
+    mech = TopKMechanism(eps, n, 1)
+    dom = list(domain)
+
+    def mechanism(df, k):
+        chosen = mech.sample(top_k_scores(df[column], dom), k)
+        return np.asarray([[dom[i] for i in c] for c in chosen], dtype=float)
+    mechanism.__name__ = f"kernel_top_k(n={n}, eps={eps})"
+    return mechanism
+
+
+def broken_top_k_full_epsilon_per_round(domain, n: int, eps: float, column: str = "x"):
+    """BROKEN: every round of the peeling at the full ε (temperature 2/ε instead of 2n/ε: the
+    kernel asked for n·ε), the ε/n split of sequential composition forgotten. nε-DP in general;
+    under remove-row, where one score moves one way, n·ε/2 (docs/AUDIT.md §9), so a violation
+    only from n = 3 on."""
+    return _renamed(kernel_top_k(domain, n, n * eps, column),
+                    f"broken_top_k_full_epsilon_per_round(n={n}, eps={eps})")
+
+
+def broken_top_k_argmax(domain, n: int, eps: float, column: str = "x"):
+    """BROKEN: the n values with the most rows, no noise (ties broken uniformly at random). It
+    claims ε but is deterministic up to ties: when one removed row makes the top value tie with
+    another, D always releases it and D′ only half of the time."""
+    dom = list(domain)
+
+    def mechanism(df, k):
+        scores = np.asarray(top_k_scores(df[column], dom), dtype=float)
+        out = np.empty((k, min(n, len(dom))))
+        for r in range(k):
+            order = np.lexsort((_rng.random(len(dom)), -scores))  # by score, ties at random
+            out[r] = [dom[i] for i in order[:n]]
+        return out
+    mechanism.__name__ = f"broken_top_k_argmax(n={n}, eps={eps})"
+    return mechanism
+
+
+def _renamed(mechanism, name: str):
+    mechanism.__name__ = name
+    return mechanism
+
+
+SQL_TOP_K_FULL_EPSILON_PER_ROUND = (
+    "SELECT arrayMap(i -> {domain}[i + 1], dpch_top_k(arrayMap(d -> toInt64(sumMap(map(x, toUInt64(1)))[d]), "
+    "{domain}), toUInt32({n}), toFloat64({eps}) * {n}, toUInt64(1))) AS t FROM {table}")
+"""BROKEN: dp_top_k through the real UDF with every round at the full ε (the kernel asked for
+n·ε, i.e. temperature 2/ε instead of 2n/ε)."""

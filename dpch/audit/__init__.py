@@ -7,7 +7,8 @@ empirical lower bound ε_LB = ln((p̲_D(S) − δ)/p̄_D′(S)) with a verdict. 
 """
 from .analysis import Analysis, analyse
 from .api import audit, audit_samplers, audit_samples, controller_sql
-from .designs import QuantileDesign, SelectionDesign, quantile_design, selection_design
+from .designs import (QuantileDesign, SelectionDesign, TopKDesign, quantile_design, selection_design,
+                      top_k_design)
 from .neighbours import KINDS as NEIGHBOUR_KINDS
 from .report import AuditReport
 from .stats import cp_lower, cp_upper, epsilon_lower_bound, mi_accuracy_bound
@@ -15,4 +16,4 @@ from .stats import cp_lower, cp_upper, epsilon_lower_bound, mi_accuracy_bound
 __all__ = ["audit", "audit_samples", "audit_samplers", "controller_sql", "AuditReport", "Analysis",
            "analyse", "NEIGHBOUR_KINDS", "cp_lower", "cp_upper", "epsilon_lower_bound",
            "mi_accuracy_bound", "QuantileDesign", "quantile_design", "SelectionDesign",
-           "selection_design"]
+           "selection_design", "TopKDesign", "top_k_design"]

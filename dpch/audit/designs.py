@@ -470,3 +470,9 @@ def selection_design(selection: str, epsilon: float, delta: float, *, units: int
     if not (isinstance(n, int) and n >= 1):
         raise ValueError("units must be a positive integer")
     return SelectionDesign(selection, float(epsilon), float(delta), n, rule)
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-k (docs/AUDIT.md §9): dp_top_k and the controller's peeling top-n
+# ------------------------------------------------------------------------------------------------
+from .top_k import TopKDesign, top_k_design  # noqa: E402, F401  (re-exported with the other designs)
