@@ -7,8 +7,13 @@ which are refused (and the error text, with the table name normalised), how many
 session's calibration (Δ, grid, b1, b2), and the charge (reserved ε, summary, one charge). No
 message may contain a secret of unit 42. max_positives is the number of queries, so the session
 never stops early (stopping is a function of the answers, released by the mechanism).
+A session refused at open (over budget) charges nothing on either side; its message names the
+remaining budget, which reflects earlier settlements (functions of released answers), so its
+numbers are masked in the comparison.
 """
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -70,6 +75,8 @@ def test_svt_nothing_charged_when_refused_on_neighbours(adb):
             with svt:
                 pass
         except DPCHError as exc:
-            seen.append((type(exc).__name__, harness.normalise(str(exc))))
+            # the remaining budget in the text reflects earlier settlements (functions of released
+            # answers, so it may differ): numbers masked
+            seen.append((type(exc).__name__, re.sub(r"\d[\d.e+-]*", "#", harness.normalise(str(exc)))))
         assert harness.charge_count(adb, table) == before
     assert len(seen) == 2 and seen[0] == seen[1]
