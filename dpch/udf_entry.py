@@ -1,7 +1,7 @@
 """Entry point of `dpch-udf`, the executable UDF program that ClickHouse runs (executable_pool,
 RowBinary, send_chunk_header=1): ``python -m dpch.udf_entry <function>``.
 
-Functions: laplace, laplace_int, gaussian, gaussian_int, gaussian_sigma, quantiles, partition_select, top_k (see docs/NOISE.md and
+Functions: laplace, laplace_int, gaussian, gaussian_int, gaussian_sigma, quantiles, partition_select, top_k, bounded_laplace, bounded_laplace_scale (see docs/NOISE.md and
 udf/README.md). Exit status: 0 at end of input, 2 bad value/scale (or unknown function), 3 malformed
 input. The work is done by the compiled module `dpch._udf_program` (udf/udf_program.pyx).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: dpch-udf {laplace|laplace_int|gaussian|gaussian_int|gaussian_sigma|quantiles|partition_select|top_k}\n"
+USAGE = "usage: dpch-udf {laplace|laplace_int|gaussian|gaussian_int|gaussian_sigma|quantiles|partition_select|top_k|bounded_laplace|bounded_laplace_scale}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ Key checks:
 from __future__ import annotations
 
 import math
+import struct
 
 import mpmath
 import numpy as np
@@ -320,3 +321,89 @@ def test_mnm_confidence_interval_section_5_7():
     lap = MixedNoiseMechanism.calibrated(1.0, 1.0, 1e-6, "thesis")
     assert not lap.uses_gaussian
     assert lap.confidence_interval(0.0, 0.95).upper == pytest.approx(lap.laplace.ci_halfwidth(0.95))
+
+
+# ------------------------------------------------------------------------------------------------
+# the UDF program and the SQL functions
+# ------------------------------------------------------------------------------------------------
+
+def _bl_block(rows) -> bytes:
+    return f"{len(rows)}\n".encode() + b"".join(struct.pack("<dddd", *r) for r in rows)
+
+
+def test_udf_bounded_laplace_protocol():
+    from test_udf_protocol import out_f64, run_udf
+    rows = [(q, 1.6, 0.0, 100.0) for q in (-5.0, 0.0, 50.0, 100.0, 1e12)] * 2000
+    payload = _bl_block(rows[:3]) + b"0\n" + _bl_block(rows[3:])
+    proc = run_udf("bounded_laplace", payload)
+    assert proc.returncode == 0, proc.stderr
+    out = out_f64(proc)
+    assert len(out) == len(rows) and out.min() >= 0.0 and out.max() <= 100.0
+    mid = out[2::5]  # centre 50, b = 1.6: P(|noise| > 60 b) = e^-60
+    assert np.all(np.abs(mid - 50.0) < 96.0) and abs(float(np.mean(mid)) - 50.0) < 0.5
+
+
+@pytest.mark.parametrize("row,problem", [
+    ((float("nan"), 1.0, 0.0, 1.0), "value is NaN"),
+    ((float("inf"), 1.0, 0.0, 1.0), "value is infinite"),
+    ((0.0, 0.0, 0.0, 1.0), "scale is not positive"),
+    ((0.0, float("nan"), 0.0, 1.0), "scale is NaN"),
+    ((0.0, 1.0, float("-inf"), 1.0), "lo is infinite"),
+    ((0.0, 1.0, 0.0, float("nan")), "hi is NaN"),
+    ((0.0, 1.0, 1.0, 1.0), "hi must be greater than lo"),
+    ((0.0, 1.0, 0.0, 1e-9), "too narrow"),
+    ((0.0, 1e-30, 0.0, 1e30), "do not fit the noise grid"),
+])
+def test_udf_bounded_laplace_bad_input_exits_2(row, problem):
+    from test_udf_protocol import run_udf
+    proc = run_udf("bounded_laplace", _bl_block([(0.5, 1.0, 0.0, 1.0), row]))
+    assert proc.returncode == 2
+    assert proc.stdout == b""  # the good first row of the block is not written either
+    msg = proc.stderr.decode()
+    assert msg.startswith("dpch-udf bounded_laplace: ") and problem in msg and "(row 1 of block)" in msg
+
+
+def test_udf_bounded_laplace_scale_matches_calibration():
+    from test_udf_protocol import out_f64, run_udf
+    args = [(1.0, 1.0, 1e-9, 0.0, 100.0), (2.5, 0.5, 1e-6, -3.0, 40.0)]
+    payload = f"{len(args)}\n".encode() + b"".join(struct.pack("<ddddd", *a) for a in args)
+    proc = run_udf("bounded_laplace_scale", payload)
+    assert proc.returncode == 0, proc.stderr
+    assert list(out_f64(proc)) == [BoundedLaplaceMechanism.calibrated(*a).scale for a in args]
+    bad = b"1\n" + struct.pack("<ddddd", 1.0, 1.0, 0.0, 0.0, 1.0)
+    proc = run_udf("bounded_laplace_scale", bad)
+    assert proc.returncode == 2 and b"delta must be at least" in proc.stderr
+
+
+def test_sql_dp_count_bounded_and_dp_sum_bounded(db):
+    """Many releases in one query (GROUP BY rep): in range, and the mean error of a count at the
+    lower end equals the mechanism's bias (6.5 standard errors)."""
+    m = BoundedLaplaceMechanism.calibrated(1.0, 1.0, 1e-9, 0.0, 100.0)
+    df = db.raw_query("SELECT rep, dp_count_bounded(0, 100, 1.0, 1e-9) AS c FROM "
+                      "(SELECT number % 20000 AS rep FROM numbers(20000)) GROUP BY rep")
+    c = df["c"].to_numpy()
+    assert len(c) == 20000 and c.min() >= 0.0 and c.max() <= 100.0
+    err = c - 1.0
+    assert abs(float(err.mean()) - m.bias(1.0)) < 6.5 * float(err.std()) / math.sqrt(len(c))
+    assert abs(float((err ** 2).mean()) - m.mse(1.0)) < 6.5 * float((err ** 2).std()) / math.sqrt(len(c))
+    s = db.raw_query("SELECT rep, dp_sum_bounded(x, 0, 10, 0, 1000, 1.0, 1e-9) AS s FROM "
+                     "(SELECT number % 2000 AS rep, toFloat64(number % 7) AS x FROM numbers(200000)) "
+                     "GROUP BY rep")["s"].to_numpy()
+    assert s.min() >= 0.0 and s.max() <= 1000.0
+    true = sum(i % 7 for i in range(0, 200000, 2000))  # every group holds the same 100 x values
+    assert abs(float(np.median(s)) - true) < 60.0
+
+
+@pytest.mark.parametrize("sql,problem", [
+    ("SELECT dp_count_bounded(5, 5, 1.0, 1e-9) FROM numbers(0)", "out_lo < out_hi"),
+    ("SELECT dp_count_bounded(0, 5, 1.0, 0) FROM numbers(0)", "argument delta"),
+    ("SELECT dp_count_bounded(0, 5, 0, 1e-6) FROM numbers(0)", "argument eps"),
+    ("SELECT dp_sum_bounded(number, 0, 1, 0, 1, 1.0, 1e-30) FROM numbers(0)", "delta must be at least"),
+    ("SELECT dp_sum_bounded(number, 0, number, 0, 1, 1.0, 1e-6) FROM numbers(0)", "must be a constant"),
+])
+def test_sql_bounded_errors_do_not_depend_on_rows(db, sql, problem):
+    """Every check is on constants, evaluated while the query is analysed: the same error with no
+    rows as with rows."""
+    for q in (sql, sql.replace("numbers(0)", "numbers(10)")):
+        with pytest.raises(Exception, match=problem):
+            db.raw_query(q)

@@ -20,6 +20,15 @@ Functions (docs/NOISE.md):
   top_k          (scores Array(Int64), n UInt32, epsilon Float64, sensitivity UInt64) -> Array(UInt32)
                  the 0-based indices of n scores chosen by peeling permute-and-flip, in the order
                  chosen (kernel.pxi _top_k; eps-DP when each score moves by at most `sensitivity`)
+  bounded_laplace (value Float64, scale Float64, lo Float64, hi Float64) -> Float64
+                 the bounded Laplace mechanism (biswal thesis §5.5): value clamped to [lo, hi] and
+                 rounded to the grid r = grid(scale, 40), discrete Laplace noise conditioned on
+                 the grid points of [lo, hi] by K candidates drawn every time (constant work;
+                 dpch.mechanisms.BoundedLaplaceMechanism gives the privacy relation)
+  bounded_laplace_scale (sensitivity Float64, epsilon Float64, delta Float64, lo Float64,
+                 hi Float64) -> Float64
+                 the least scale b with BoundedLaplaceMechanism(b, lo, hi) (epsilon, delta)-DP
+                 at that sensitivity (Thm 5.5.5 on the grid)
   partition_select (n Int64, epsilon Float64, delta Float64, threshold Int64) -> Int64
                  private partition selection by the optimal rule (Desfontaines et al., PoPETs 2022,
                  Thm 1) for a group of n >= 0 distinct units: the released count n - J + t, where
@@ -59,6 +68,8 @@ cdef enum:
     F_QUANTILES = 5
     F_PARTITION_SELECT = 6
     F_TOP_K = 7
+    F_BOUNDED_LAPLACE = 8
+    F_BOUNDED_LAPLACE_SCALE = 9
 
 FUNCTIONS = {
     "laplace": F_LAPLACE,
@@ -69,6 +80,8 @@ FUNCTIONS = {
     "quantiles": F_QUANTILES,
     "partition_select": F_PARTITION_SELECT,
     "top_k": F_TOP_K,
+    "bounded_laplace": F_BOUNDED_LAPLACE,
+    "bounded_laplace_scale": F_BOUNDED_LAPLACE_SCALE,
 }
 
 EXIT_OK = 0
@@ -124,6 +137,12 @@ cdef class _Program:
     cdef _SelectionTable sel
     cdef double sel_args[2]
     cdef int64_t sel_threshold
+    # bounded_laplace: parameters of the current (scale, lo, hi), and calibrated scales
+    cdef bint have_bl
+    cdef double bl_args[3]
+    cdef double bl_glo, bl_ghi
+    cdef uint64_t bl_K
+    cdef dict bl_cache
 
     def __cinit__(self, str name, int fn):
         self.name = name
@@ -143,6 +162,8 @@ cdef class _Program:
         self.have_last = False
         self.sel_cache = {}
         self.sel = None
+        self.have_bl = False
+        self.bl_cache = {}
 
     def __dealloc__(self):
         free(self.inbuf)
@@ -373,10 +394,88 @@ cdef class _Program:
         self.sel_args[1] = delta
         return 0
 
+    cdef int _bl_params(self, double scale, double lo, double hi, Py_ssize_t row) except -1:
+        """Checks (scale, lo, hi) and sets the grid, the grid bounds and K (cached while the
+        arguments repeat). Messages name the argument, never a value."""
+        cdef int code = dpch_check_scale(scale)
+        if code != 0:
+            raise _Stop(EXIT_BAD_VALUE, f"scale {('is NaN', 'is infinite', 'is not positive')[code - 1]} "
+                                        f"(row {row} of block)")
+        if not isfinite(lo):
+            raise _Stop(EXIT_BAD_VALUE, f"lo is {'NaN' if isnan(lo) else 'infinite'} (row {row} of block)")
+        if not isfinite(hi):
+            raise _Stop(EXIT_BAD_VALUE, f"hi is {'NaN' if isnan(hi) else 'infinite'} (row {row} of block)")
+        if not lo < hi:
+            raise _Stop(EXIT_BAD_VALUE, f"hi must be greater than lo (row {row} of block)")
+        dpch_params_compute(scale, LAPLACE_BITS, 0, &self.params)
+        if dpch_bounded_grid(lo, hi, self.params.k, &self.bl_glo, &self.bl_ghi) != 0:
+            raise _Stop(EXIT_BAD_VALUE, f"lo, hi do not fit the noise grid of scale "
+                                        f"(row {row} of block)")
+        try:
+            from dpch.mechanisms import bounded_laplace_candidates
+            self.bl_K = bounded_laplace_candidates(scale, lo, hi)
+        except Exception as exc:  # fail closed
+            raise _Stop(EXIT_BAD_VALUE, f"{exc} (row {row} of block)")
+        self.bl_args[0] = scale
+        self.bl_args[1] = lo
+        self.bl_args[2] = hi
+        self.have_bl = True
+        return 0
+
+    cdef int _rows_bounded(self, const unsigned char *src, Py_ssize_t nrows,
+                           Py_ssize_t row0) except -1:
+        """bounded_laplace(value, scale, lo, hi) for nrows rows."""
+        cdef Py_ssize_t i
+        cdef double a[4]
+        cdef double out
+        for i in range(nrows):
+            memcpy(a, src + 32 * i, 32)
+            if not (self.have_bl and a[1] == self.bl_args[0] and a[2] == self.bl_args[1]
+                    and a[3] == self.bl_args[2]):
+                self._bl_params(a[1], a[2], a[3], row0 + i)
+            if not isfinite(a[0]):
+                self._bad_value(a[0], row0 + i)
+            out = dpch_bounded_release(a[0], a[2], a[3], self.bl_glo, self.bl_ghi, self.params.k,
+                                       self.params.num, self.params.den_log2, self.bl_K)
+            memcpy(self.outbuf + 8 * i, &out, 8)
+        return 0
+
+    cdef int _rows_bl_scale(self, const unsigned char *src, Py_ssize_t nrows,
+                            Py_ssize_t row0) except -1:
+        """bounded_laplace_scale(sensitivity, epsilon, delta, lo, hi) for nrows rows."""
+        cdef Py_ssize_t i
+        cdef double a[5]
+        cdef double b
+        for i in range(nrows):
+            memcpy(a, src + 40 * i, 40)
+            key = (a[0], a[1], a[2], a[3], a[4])
+            cached = self.bl_cache.get(key)
+            if cached is None:
+                bad = [j for j in range(5) if not isfinite(a[j])]
+                if bad:
+                    raise _Stop(EXIT_BAD_VALUE, f"{('sensitivity', 'epsilon', 'delta', 'lo', 'hi')[bad[0]]} "
+                                                f"is {'NaN' if isnan(a[bad[0]]) else 'infinite'} "
+                                                f"(row {row0 + i} of block)")
+                try:
+                    from dpch.mechanisms import BoundedLaplaceMechanism
+                    cached = float(BoundedLaplaceMechanism.calibrated(a[0], a[1], a[2], a[3], a[4]).scale)
+                except Exception as exc:  # fail closed: any calibration failure ends the query
+                    raise _Stop(EXIT_BAD_VALUE, f"{exc} (row {row0 + i} of block)")
+                if len(self.bl_cache) > 10000:
+                    self.bl_cache.clear()
+                self.bl_cache[key] = cached
+            b = cached
+            memcpy(self.outbuf + 8 * i, &b, 8)
+        return 0
+
     # ---------------------------------------------------------------- main loop
 
     cdef int _block(self, long long nrows) except -1:
         cdef Py_ssize_t rowsize = 24 if self.fn == F_GAUSSIAN_SIGMA else (32 if self.fn == F_PARTITION_SELECT else 16)
+        if self.fn == F_BOUNDED_LAPLACE:
+            rowsize = 32
+        elif self.fn == F_BOUNDED_LAPLACE_SCALE:
+            rowsize = 40
         cdef Py_ssize_t done = 0, avail, take
         while done < nrows:
             avail = (self.end - self.start) // rowsize
@@ -394,6 +493,10 @@ cdef class _Program:
                 self._rows_sigma(self.inbuf + self.start, take, done)
             elif self.fn == F_PARTITION_SELECT:
                 self._rows_select(self.inbuf + self.start, take, done)
+            elif self.fn == F_BOUNDED_LAPLACE:
+                self._rows_bounded(self.inbuf + self.start, take, done)
+            elif self.fn == F_BOUNDED_LAPLACE_SCALE:
+                self._rows_bl_scale(self.inbuf + self.start, take, done)
             else:
                 self._rows_noise(self.inbuf + self.start, take, done)
             self._write_all(self.outbuf, 8 * take)
