@@ -452,3 +452,16 @@ def test_top_n_over_the_largest_public_domain(tdb):
         df = tdb.query(sql, epsilon=1.0, top_k=method)
         assert len(df) == 3 and df.attrs["dpch"]["top_k"]["method"] == method
         assert 7 in set(df["key"])  # gap 20 000 - 1 at T = 12 (peeling) or b = 1 (post-processing)
+
+
+def test_auto_scores_peeling_by_its_choice_when_the_score_is_the_selection_count(tdb):
+    """COUNT(DISTINCT unit) over privately selected groups: the released count is the selection's
+    own noisy count in both plans, so peeling's score is its Gumbel spread π/√6·T alone (the bench
+    found the value noise counted against it: bench/RESULTS.md, "Noisy top-k recall")."""
+    sql = "SELECT category, COUNT(DISTINCT user_id) AS u FROM {t} GROUP BY category ORDER BY u DESC LIMIT 1"
+    plan = _plan(tdb, "events", sql, 0.1, 1e-6, top_k="peeling")
+    t = plan.top_k
+    assert plan.quantities[t.quantity].is_selection
+    from dpch.plan.planner import _order_noise
+
+    assert math.isclose(_order_noise(plan), math.pi / math.sqrt(6) * t.temperature, rel_tol=1e-12)

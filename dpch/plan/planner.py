@@ -416,7 +416,9 @@ def _order_noise(plan: Plan) -> float:
         q = plan.quantities[ap.roles["sum"] if ap.func == "sum" else ap.roles["count"]]
         return noise_std(q.mechanism, q.scale)
     q = plan.quantities[t.quantity]
-    value = noise_std(q.mechanism, q.scale) if q.released else 0.0
+    # the chosen values' noise, unless the score is the partition selection's own noisy count: that
+    # one is released the same way by both plans, so it decides nothing between them
+    value = noise_std(q.mechanism, q.scale) if q.released and not q.is_selection else 0.0
     return max(GUMBEL_STD * t.temperature, value)
 
 
