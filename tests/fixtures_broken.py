@@ -249,3 +249,35 @@ SQL_TOP_K_FULL_EPSILON_PER_ROUND = (
     "{domain}), toUInt32({n}), toFloat64({eps}) * {n}, toUInt64(1))) AS t FROM {table}")
 """BROKEN: dp_top_k through the real UDF with every round at the full ε (the kernel asked for
 n·ε, i.e. temperature 2/ε instead of 2n/ε)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounded Laplace (biswal thesis §5.5; dpch.mechanisms.BoundedLaplaceMechanism)
+# ---------------------------------------------------------------------------------------------
+def kernel_bounded_count(eps: float, delta: float, lo: float = 0.0, hi: float = 100.0):
+    """CORRECT: the row count released inside [lo, hi] by the kernel's bounded Laplace at the scale
+    of Thm 5.5.5 on the grid (BoundedLaplaceMechanism.calibrated(1, ε, δ, lo, hi)): (ε, δ)-DP
+    under add/remove-one-row."""
+    from dpch.mechanisms import BoundedLaplaceMechanism
+
+    mech = BoundedLaplaceMechanism.calibrated(1.0, eps, delta, lo, hi)
+
+    def mechanism(df, n):
+        return mech.sample(float(len(df)), n)
+    mechanism.__name__ = f"kernel_bounded_count(eps={eps}, delta={delta})"
+    return mechanism
+
+
+def broken_naive_bounded_count(eps: float, lo: float = 0.0, hi: float = 100.0):
+    """BROKEN: the naive truncated Laplace: the same kernel sampler with the Laplace scale Δ/ε = 1/ε,
+    truncated and renormalised on [lo, hi]. The renormalisation constant depends on the count, so
+    at a count at lo it is really (ε + log(C_(lo+1)/C_lo))-DP = 1.49-DP at ε = 1 (Thm 5.5.5's ΔC
+    term, which the naive scale ignores)."""
+    from dpch.mechanisms import BoundedLaplaceMechanism
+
+    mech = BoundedLaplaceMechanism(1.0 / eps, lo, hi)
+
+    def mechanism(df, n):
+        return mech.sample(float(len(df)), n)
+    mechanism.__name__ = f"broken_naive_bounded_count(eps={eps})"
+    return mechanism
