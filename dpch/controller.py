@@ -229,7 +229,8 @@ class Explanation:
             s = self.selection
             lines.append(f"partition selection ({s['rule']} rule, ε={s['epsilon']:.6g}, δ={s['delta']:.3g}, "
                          f"<= {s['max_new_groups_per_unit']} count(s) moved per unit): release a group iff noisy "
-                         f"distinct units >= {s['threshold']}; {s['description']}; source: {s['source']}")
+                         f"{s.get('statistic', 'distinct units')} >= {s['threshold']}; {s['description']}; "
+                         f"source: {s['source']}")
         if self.top_k:
             lines.append(_top_k_line(self.top_k))
         lines.append("noisy values:")

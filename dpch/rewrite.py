@@ -16,6 +16,8 @@ pass, as in sqlglot's optimizer):
      unit's rows of its group with the smallest hash;
    - k > 1: ``GROUP BY (unit, hash)``, then a per-unit sorted array keeps the k groups
      with the smallest hashes (per-unit arrays sorted by hash), and ``ARRAY JOIN`` unfolds them.
+   With the weighted Gaussian selection (k > 1 only) each unit also gets its weight
+   unit_weight(j, S), j = its number of kept groups (``__dp_w``), summed per group in stage 3.
    A unit's rows are then capped at C per group and M in total (in hash order of its groups); when
    a unit has c > r allowed rows in a group, each of its sums is scaled by r/c and clamped to
    r·[L, H] (the per-unit contribution clamp), so its contribution is exactly that of r rows.
@@ -43,6 +45,7 @@ from .bind import sql_of
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
 from .mechanisms import QUANTILE_BUCKETS
 from .plan import Plan, Quantity, float_literal
+from .plan.selection import unit_weight_sql
 from .typecheck import default_row_sql, with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
@@ -84,6 +87,9 @@ class _Rewriter:
         # the smallest keyed hash: a function of the unit's own rows), collected as (hash, bucket)
         # COUNT(DISTINCT expr) collects (hash, value) pairs the same way (values, not buckets)
         self.quant_qs = [q for q in plan.quantities if q.kind in ("quantile", "distinct")]
+        # the weighted Gaussian's selection statistic (k > 1 path only): Σ over the group's units of
+        # unit_weight(j_u, S), j_u = the unit's number of kept groups
+        self.weighted = next((q for q in plan.quantities if q.kind == "weighted_units"), None)
 
     # -- helpers ----------------------------------------------------------------------------
     def _where(self, *, key_filters: bool = True) -> str:
@@ -220,6 +226,7 @@ class _Rewriter:
         s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))] + [f"__dp_sq{i}" for i in range(len(self.quant_qs))]
         bq_cols = [f"__dp_sq{i} AS __dp_bq{i}" for i in range(len(self.quant_qs))]
         if not self.nk or b.k == 1:
+            assert self.weighted is None, "the weighted selection statistic needs the k > 1 path"
             cap = min(b.max_rows, b.rows_per_group)
             aggs = self.per_unit_aggregates(inline=False)
             names = [self._k(j) for j in range(self.nk)] + ["__dp_c"] + s_cols
@@ -259,14 +266,17 @@ class _Rewriter:
                        f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), "
                        f"arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac), "
                        f"arrayCumSum(arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac))) AS __dp_ra"
-                       f"\nFROM (\n{_indent(stage2)}\n)")
+                       + (f", {unit_weight_sql('length(__dp_ah)', self.weighted.hi_units)} AS __dp_w"
+                          if self.weighted is not None else "")
+                       + f"\nFROM (\n{_indent(stage2)}\n)")
             unfold_cols = [f"__dp_ak{j}[__dp_i] AS {self._k(j)}" for j in range(self.nk)] + \
                 ["__dp_ac[__dp_i] AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
+                (["__dp_w"] if self.weighted is not None else []) + \
                 [f"__dp_as{i}[__dp_i] AS __dp_s{i}" for i in range(len(self.row_qs))] + \
                 [f"arraySlice(__dp_aq{i}[__dp_i], 1, __dp_ra[__dp_i]) AS __dp_sq{i}" for i in range(len(self.quant_qs))]
             unfold = (f"SELECT {', '.join(unfold_cols)}\nFROM (\n{_indent(stage2b)}\n)\n"
                       f"ARRAY JOIN arrayEnumerate(__dp_ah) AS __dp_i")
-            scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"]
+            scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"] + (["__dp_w"] if self.weighted is not None else [])
             for i, q in enumerate(self.row_qs):
                 scaled.append(
                     f"if(__dp_c <= __dp_r, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * __dp_r / __dp_c)), "
@@ -282,6 +292,8 @@ class _Rewriter:
                                   f"__dp_bq{self.quant_qs.index(q)}))) AS {q.column}")
             elif q.kind == "units":
                 group_cols.append(f"toInt64(count()) AS {q.column}")
+            elif q.kind == "weighted_units":
+                group_cols.append(f"toInt64(sum(__dp_w)) AS {q.column}")
             elif q.row_sql is None:
                 group_cols.append(f"toInt64(sum(__dp_r)) AS {q.column}")
             else:

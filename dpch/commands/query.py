@@ -51,8 +51,9 @@ def _query_args(sp) -> None:
     sp.add_argument("--epsilon", type=_float, required=True)
     sp.add_argument("--delta", type=_float, default=0.0)
     sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian"], default="auto")
-    sp.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace"], default="auto",
-                    help="private partition selection rule (GROUP BY without public keys, delta > 0)")
+    sp.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace", "weighted_gaussian"],
+                    default="auto", help="private partition selection rule (GROUP BY without public keys, "
+                    "delta > 0; weighted_gaussian: k > 1, else the Gaussian threshold)")
     sp.add_argument("--top-k", choices=["auto", "peeling", "post_processing"], default="auto",
                     help="how ORDER BY <COUNT/SUM> LIMIT n is answered: peeling permute-and-flip, then "
                          "the chosen groups' values; or every group noised and sorted")

@@ -62,11 +62,18 @@
    the optimal rule of Desfontaines et al. (PoPETs 2022, Thm 1) at (ε_sel/c, 1 - (1 - δ_sel)^(1/c))
    per group, sampled exactly by ``dpch_partition_select``; a Gaussian threshold (L2 √c noise,
    created groups pass with probability <= δ_thr/c); or the Laplace threshold of Korolova et al.
-   2009 / Wilson et al. 2020 (b = c/ε, T with P[1 + K >= T] <= 1 - (1 - δ_sel)^(1/c)).
-   ``selection="auto"`` takes the one with the fewest expected missed units at (ε_sel, δ_sel, c),
-   a data-independent score. Each releases its noisy counts within the same (ε_sel, δ_sel), which
-   is why COUNT(DISTINCT unit) reuses the selection count under thresholding. With δ = 0 and a key
-   without a public domain the query is rejected.
+   2009 / Wilson et al. 2020 (b = c/ε, T with P[1 + K >= T] <= 1 - (1 - δ_sel)^(1/c)). Each
+   releases its noisy counts within the same (ε_sel, δ_sel), which is why COUNT(DISTINCT unit)
+   reuses the selection count under thresholding. On the user-level k > 1 path also the weighted
+   Gaussian of Gopi et al. (ICML 2020): a unit in j groups adds w_j = ⌊S/√j⌋ (exactly: the largest
+   integer with j·w_j² <= S²) to each, so its weight vector has L2 <= S; each group's weight sum
+   (a quantity of kind "weighted_units", never an aggregate's value) gets discrete Gaussian noise
+   calibrated for L2 S (√2·S under substitute) and passes iff >= ρ, ρ such that a unit alone in
+   t <= k groups has one released with probability <= δ_thr; selection="weighted_gaussian" at k = 1
+   or row level is the Gaussian threshold. ``selection="auto"`` takes the rule with the fewest
+   expected missed units at (ε_sel, δ_sel, c), a data-independent score (the weighted rule's at its
+   worst case, every unit in k groups; a candidate only when no output reuses the selection's
+   count). With δ = 0 and a key without a public domain the query is rejected.
 
 The package, by what each module does:
 

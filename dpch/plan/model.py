@@ -21,8 +21,9 @@ class Quantity:
     index: int
     key: str  # identity for sharing
     label: str
-    kind: str  # "rows" (count of rows matching pred), "units" (distinct units), "sum", "quantile" or
-    # "distinct" (distinct values of row_sql among the kept rows)
+    kind: str  # "rows" (count of rows matching pred), "units" (distinct units), "sum", "quantile",
+    # "distinct" (distinct values of row_sql among the kept rows) or "weighted_units" (the weighted
+    # Gaussian selection's Σ unit_weight(j_u, S) per group; selection only, never an aggregate's)
     row_sql: str | None  # per-row Int64 contribution (units); None for plain row counts / units
     lo_units: int  # per-row contribution range in units
     hi_units: int
@@ -114,7 +115,7 @@ class KeyDomain:
 
 @dataclass
 class Selection:
-    quantity: int  # index of the "units" quantity used for thresholding
+    quantity: int  # index of the "units" (or "weighted_units") quantity used for thresholding
     threshold: int  # release iff noisy count >= threshold
     epsilon: float
     delta: float
@@ -138,7 +139,11 @@ class Selection:
                 "group_epsilon": getattr(r, "group_epsilon", None), "group_delta": getattr(r, "group_delta", None),
                 "noise_delta": getattr(r, "noise_delta", 0.0), "source": getattr(r, "source", ""),
                 "description": r.describe() if r is not None else "",
-                "scores": dict(getattr(r, "scores", {}) or {})}
+                "scores": dict(getattr(r, "scores", {}) or {}),
+                # what is thresholded: "distinct units", or the weighted Gaussian's "weighted units"
+                # (threshold and noise_scale then in units of 1/weight_scale of one unit's weight)
+                "statistic": getattr(r, "statistic", "distinct units"),
+                "weight_scale": getattr(r, "weight_scale", 0)}
 
 
 @dataclass

@@ -11,8 +11,9 @@ from .. import calibration as cal
 from ..errors import InvalidParameter
 
 MECHANISMS = ("auto", "laplace", "gaussian")
-#: Partition-selection rules (dpch.plan.selection): "auto" picks by a data-independent score.
-SELECTION_RULES = ("auto", "optimal", "gaussian", "laplace")
+#: Partition-selection rules (dpch.plan.selection): "auto" picks by a data-independent score;
+#: "weighted_gaussian" applies to the user-level k > 1 path (elsewhere it is the Gaussian threshold).
+SELECTION_RULES = ("auto", "optimal", "gaussian", "laplace", "weighted_gaussian")
 #: How a top-n query (ORDER BY COUNT/SUM LIMIT n) is answered (dpch.plan.top_k): "peeling" chooses
 #: the n groups by peeling permute-and-flip and then noises only their values; "post_processing"
 #: noises every group and sorts the noisy values; "auto" picks by a data-independent score.

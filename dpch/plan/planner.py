@@ -216,7 +216,14 @@ class _Planner:
 
         selection_q = None
         if selection_needed:
-            selection_q = self._units_quantity("partition selection (distinct units per group)")
+            if self.options.selection == "weighted_gaussian" and self._weighted_path:
+                # its statistic is not a count: a quantity of its own (an output COUNT(DISTINCT unit)
+                # keeps its own, separately noised)
+                selection_q = self._quantity("weighted_units", label="partition selection (weighted units per group)",
+                                             kind="weighted_units", row_sql=None, lo_units=0, hi_units=1, grid=1.0,
+                                             centre=0.0)
+            else:
+                selection_q = self._units_quantity("partition selection (distinct units per group)")
             self.quantities[selection_q].is_selection = True
 
         for ap in agg_plans:
@@ -234,7 +241,17 @@ class _Planner:
             # is the units quantity's released value
             q = self.quantities[selection_q]
             coords = self._coords(self.bounding)
-            rule = choose_selection(q.epsilon, q.delta, coords, self.options.selection)
+            preference = self.options.selection
+            weighted_groups = 0
+            if self._weighted_path and (q.kind == "weighted_units" or (preference == "auto" and not q.aggregates)):
+                weighted_groups = self.bounding.k
+            elif preference == "weighted_gaussian":
+                # k = 1 or row level: every unit is in one group, all weights are equal, and the
+                # weighted Gaussian is the Gaussian threshold (docs/CONTROLLER.md)
+                preference = "gaussian"
+            rule = choose_selection(q.epsilon, q.delta, coords, preference, weighted_groups)
+            if rule.rule == "weighted_gaussian":
+                self._weighted_statistic(q, rule)
             q.mechanism, q.scale, q.noise = rule.mechanism, rule.scale, rule.noise()
             selection = Selection(quantity=selection_q, threshold=rule.threshold, epsilon=q.epsilon, delta=q.delta,
                                   scale=rule.scale, new_groups=coords, rule=rule)
@@ -248,6 +265,26 @@ class _Planner:
                     bounding=self.bounding, quantities=self.quantities, aggregates=agg_plans, key_mode=key_mode,
                     key_domains=key_domains, selection=selection, cost=cost, key_types=self.key_types,
                     top_k=self.top_k)
+
+    @property
+    def _weighted_path(self) -> bool:
+        """Whether partition selection may use the weighted Gaussian: the user-level k > 1 path,
+        where the per-unit stage knows each unit's number of kept groups."""
+        return not self.bounding.row_level and self.bounding.k > 1
+
+    def _weighted_statistic(self, q: Quantity, rule) -> None:
+        """The selection quantity becomes the weighted sum of the rule (an auto choice turns the
+        standalone distinct-unit count into it): per-unit weights in [0, S], grid 1/S (one unit of
+        one group = 1), L2 = S (√2·S under substitute), L1 <= √k·S."""
+        if q.kind == "units":
+            del self.qindex[q.key]
+            q.key, q.kind, q.label = "weighted_units", "weighted_units", "partition selection (weighted units per group)"
+            self.qindex[q.key] = q.index
+        s = rule.weight_scale
+        q.lo_units, q.hi_units, q.grid = 0, s, 1.0 / s  # exact: S is a power of two
+        q.l2 = rule.sensitivity
+        q.l1 = math.sqrt(self.bounding.k) * s * (2.0 if self.bounding.neighbour == "substitute" else 1.0)
+        q.multi_coordinate = True
 
     def _plan_top_k(self, agg_plans: list[AggregatePlan], key_mode: str, key_domains: list[KeyDomain | None]) -> None:
         """The peeling selection of a top-n query (dpch.plan.top_k): its score quantity, Δ, and
@@ -283,6 +320,10 @@ class _Planner:
             b = self.bounding if q.is_selection else self.release
             if q.kind == "quantile":  # rows of one unit in one group's histogram (the score's unit)
                 q.l1 = q.l2 = float(q.rows)
+                continue
+            if q.kind == "weighted_units":  # set with the rule (_weighted_statistic): S is chosen with σ
+                q.l1 = q.l2 = 1.0
+                q.multi_coordinate = True
                 continue
             if q.kind == "units":
                 q.l1, q.l2 = unit_sensitivity(b, grouped)

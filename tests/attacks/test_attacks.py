@@ -372,6 +372,17 @@ CASES = [
     # two keys, one Nullable, k = 3 with the public one given
     C("two_keys_nullable_k3", "SELECT region, nregion, COUNT(*) AS n FROM {t} GROUP BY region, nregion",
       "Nullable second key, k=3", pair="k3", options={"keys": {"nregion": ["EU", "US"]}}),
+    # weighted Gaussian selection (issue 15): unit 42's six rows share one name, so it is in one
+    # group (the heaviest weight, S) where every other unit keeps 3 of its 10 names
+    C("weighted_sel_name_k3", "SELECT name AS g, COUNT(*) AS n FROM {t} GROUP BY g",
+      "weighted selection: unit 42 alone in one group of full weight", pair="k3", delta=DELTA_SEL,
+      options={"selection": "weighted_gaussian"}, must_answer=True),
+    # ... a NULL key only unit 42 makes (its name does not parse), COUNT(DISTINCT unit) noised on its
+    # own (the weighted sum is not a count), its huge amount clipped in the SUM
+    C("weighted_sel_null_key_k3", "SELECT toInt64OrNull(name) AS g, COUNT(DISTINCT user_id) AS u, SUM(amount) AS s "
+                                  "FROM {t} GROUP BY g", "weighted selection + own COUNT(DISTINCT unit), NULL key of "
+                                  "unit 42", pair="k3", delta=DELTA_SEL, options={"selection": "weighted_gaussian"},
+      must_answer=True),
     # ---------------------------------------------------------------- NULL privacy units
     # Nullable unit column holding NULLs, ungrouped, k = 1
     C("nullunit_count_k1", "SELECT COUNT(*) AS n, SUM(amount) AS s FROM {t}", "NULL privacy units, k=1",
