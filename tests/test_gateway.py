@@ -486,3 +486,37 @@ def test_top_k_setting_reaches_the_planner(server):
     rows = json.loads(q(server, "SELECT name, default FROM system.settings WHERE name = 'dpch_top_k' "
                         "FORMAT JSONEachRow").text)
     assert rows == {"name": "dpch_top_k", "default": "auto"}
+
+
+# -- sparse vector as one request (POST /dpch/svt) ----------------------------------------------------
+
+def test_sparse_vector_request(server):
+    """One request carries the session's queries; ρ and the settlement stay in the gateway. The
+    demo table has 20 000 rows (bounded COUNT(*) >= 18 154, one row per unit for most units), the
+    threshold 1 000: "amount < 0" (0 rows) is ⊥ and the whole table ⊤ except with probability
+    < e^-40 each (ε = 2, c = 2: ν's scale 2·c·Δ/ε2 ≈ 32 with Δ = 10, ρ's ≈ 26). The GROUP BY query
+    is refused (null, message), ran nothing and consumed nothing; the charge settles at
+    ε1 + ε2/2 for the one ⊤ (Lemma 8), ε1 = ε/(1 + (2c)^(2/3))."""
+    below = "SELECT COUNT(*) FROM demo.purchases WHERE amount < 0"
+    above = "SELECT COUNT(*) FROM demo.purchases"
+    body = {"dataset": "demo.purchases", "threshold": 1000, "epsilon": 2.0, "max_positives": 2,
+            "queries": [below, "SELECT region, COUNT(*) FROM demo.purchases GROUP BY region", above, below]}
+    r = httpx.post(server.url + "/dpch/svt", json=body, auth=("alice", PASSWORD), timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["answers"] == [False, None, True, False] and out["positives"] == 1 and out["stopped_at"] is None
+    assert list(out["errors"]) == ["1"] and "GROUP BY" in out["errors"]["1"]
+    eps1 = 2.0 / (1 + 4 ** (2 / 3))
+    assert out["epsilon_reserved"] == pytest.approx(2.0)
+    assert out["epsilon_spent"] == pytest.approx(eps1 + (2.0 - eps1) / 2, rel=1e-9)
+    assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(out["epsilon_spent"])
+    # c = 1: the session stops at the first ⊤; the rest is not run
+    body.update(max_positives=1, queries=[above, below, below])
+    out = httpx.post(server.url + "/dpch/svt", json=body, auth=("alice", PASSWORD), timeout=60).json()
+    assert out["answers"] == [True] and out["stopped_at"] == 1 and out["epsilon_spent"] == pytest.approx(2.0)
+    for bad, word in [({**body, "queries": []}, "queries"), ({**body, "epsilon": "1"}, "epsilon"),
+                      ({**body, "max_positives": 0}, "max_positives"), ({**body, "extra": 1}, "unknown field")]:
+        r = httpx.post(server.url + "/dpch/svt", json=bad, auth=("alice", PASSWORD), timeout=60)
+        assert r.status_code == 400 and word in r.text, r.text
+    r = httpx.post(server.url + "/dpch/svt", json=body, auth=("alice", "wrong"), timeout=60)
+    assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "516", r.text

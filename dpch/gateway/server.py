@@ -258,6 +258,42 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                             remote=_remote(request), query_sha256=sql_hash)
             return _error_response(err, query_id)
 
+    async def svt(request: Request) -> Response:
+        """POST /dpch/svt: one sparse-vector session carrying its queries (dpch.gateway.svt)."""
+        from . import svt as gw_svt
+
+        t0 = time.perf_counter()
+        query_id = str(uuid.uuid4())
+        user = None
+        try:
+            params = _params(request)
+            user, password = credentials(request.headers, params)
+            ok = gw.users.verified_before(user, password) or \
+                await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
+            if not ok:
+                shown = user
+                user = None
+                raise auth_failed(shown)
+            body = await _read_body(request, cfg)
+            try:
+                req = gw_svt.parse_request(json.loads(body.decode("utf-8")))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise GatewayError(CANNOT_PARSE_INPUT, "the body is not a JSON object") from None
+            out = await gw.on_engine(lambda: gw_svt.run_session(gw.connection(user), req))
+            gw.access.write(user=user, query_id=query_id, kind="svt", outcome="accepted", format="JSON",
+                            epsilon=out["epsilon_spent"], delta=0.0, dataset=req["dataset"], receipt=out["receipt"],
+                            rows=len(out["answers"]), duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                            remote=_remote(request))
+            return Response(json.dumps(out).encode(), media_type="application/json",
+                            headers={"X-DPCH-Epsilon": repr(float(out["epsilon_spent"] or out["epsilon_reserved"])),
+                                     "X-DPCH-Delta": "0.0"})
+        except Exception as exc:  # noqa: BLE001
+            err = from_dpch(exc)
+            gw.access.write(user=user, query_id=query_id, kind="svt", outcome="rejected", code=err.code,
+                            error=err.name, duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                            remote=_remote(request))
+            return _error_response(err, query_id)
+
     async def not_found(request: Request) -> Response:
         return _error_response(GatewayError((0, "NOT_FOUND", 404), f"there is no handler for {request.url.path[:64]}; "
                                             "send queries to / and health checks to /ping"))
@@ -278,7 +314,8 @@ def build_app(cfg: GatewayConfig) -> Starlette:
     routes = [Route("/ping", ping, methods=["GET", "HEAD"]),
               Route("/replicas_status", ping, methods=["GET", "HEAD"]),
               Route("/", query, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
-              Route("/query", query, methods=["GET", "POST"])]
+              Route("/query", query, methods=["GET", "POST"]),
+              Route("/dpch/svt", svt, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_route("/{path:path}", not_found, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])
     app.state.gateway = gw
