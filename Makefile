@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -74,6 +74,12 @@ bench-topk: install
 		--out bench/out/topk.json --markdown bench/out/topk.md
 	$(VPY) bench/bench_topk.py --units 5000 --keys 10000 --repeats 20 \
 		--out bench/out/topk_5000.json --markdown bench/out/topk_5000.md
+
+# Thesis mechanisms (issue 16): MSE of the bounded Laplace (§5.5) and the sound mixed noise
+# mechanism (§5.3) against Laplace and Gaussian at the same (ε, δ), kernel draws (see bench/RESULTS.md).
+bench-thesis: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_thesis_mechanisms.py --samples 200000 --out bench/out/thesis.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)
