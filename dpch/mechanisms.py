@@ -732,7 +732,7 @@ def bl_candidates(n: int, tau: float) -> int:
     k = math.ceil(BL_FALLBACK_LOG2 * math.log(2.0) / -math.log1p(-p) * (1.0 + 1e-12))
     if k > BL_MAX_CANDIDATES:
         raise InvalidParameter("bounded Laplace: the output range is too narrow for the noise scale "
-                               "(hi - lo must be at least about 2e-3 times the scale)")
+                               "(hi - lo must be at least about 1.4e-3 times the scale)")
     return max(1, k)
 
 
