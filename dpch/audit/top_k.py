@@ -7,15 +7,16 @@ temperature T = 2n/ε (dpch.mechanisms.TopKMechanism; docs/NOISE.md "Top-k"). Th
 kernel over the public key domain with unit-level counts (docs/CONTROLLER.md "Top-n").
 
 **What a removed row can do.** It lowers one score by one; no score rises. Permute-and-flip is
-report-noisy-max with exponential noise of scale T (Ding, Kifer, Steinke, Wang, Xiao, Zhang &
-Wang, "The Permute-and-Flip Mechanism is Identical to Report-Noisy-Max with Exponential Noise",
-2021), and for such monotone moves report-noisy-max is (Δ/T)-DP (the argument of Dwork & Roth,
-Claim 3.9: fix the other noises; the threshold a candidate's noise must pass moves by at most Δ,
-in one direction only). Each round is therefore ε/(2n)-DP under remove-row and the n rounds
-compose to **ε/2**: no event of any remove-row (or add-row) pair has a privacy loss above ε/2. The
-calibration T = 2Δn/ε pays for scores that move in both directions (substitution), so on this
-relation the claim ε is conservative by a factor 2 and `dpch audit` can certify at most ε/2
-(exhaustive search below agrees: no design of up to 6 candidates with scores 0..7 exceeds it).
+report-noisy-max with exponential noise of scale T (Ding, Kifer, Saghaian N. E., Steinke, Wang,
+Xiao & Zhang, "The Permute-and-Flip Mechanism is Identical to Report-Noisy-Max with Exponential
+Noise", arXiv:2105.07260, 2021), and for such monotone moves report-noisy-max is (Δ/T)-DP (the
+argument of Dwork & Roth, Claim 3.9: fix the other noises; the threshold a candidate's noise must
+pass moves by at most Δ, in one direction only). Each round is therefore ε/(2n)-DP under
+remove-row and the n rounds compose to **ε/2**: no event of any remove-row (or add-row) pair has
+a privacy loss above ε/2. The calibration T = 2Δn/ε pays for scores that move in both directions
+(substitution), so on this relation the claim ε is conservative by a factor 2 and `dpch audit` can
+certify at most ε/2 (the exhaustive search below agrees: no pair in it has an event of loss above
+ε/2).
 
 **The design.** One value Y holds `gap` more rows than each of m other values E₁ … E_m (m ≥ n),
 and D′ removes one of Y's rows. On D, Y is the unique best by `gap` units, on D′ by gap − 1
@@ -30,11 +31,14 @@ probability 1 − q). The number of E's and the gap are chosen to maximise the b
 certifies with 10⁴ held-out runs per side (`top_k_design`), as for the partition selection design.
 
 For n = 1 the design is two values, Y one row above E: P_D′(E) = 1/2, P_D(E) = e^(−ε/2)/2, the
-loss ε/2 exactly, which is the best any design can reach. An exhaustive search over all score
-vectors of 2–6 candidates with scores 0..7, every removed row and every event (the
-Neyman–Pearson prefixes of the exact distribution of ordered outputs,
-`TopKMechanism.probabilities`) found no design that certifies more than this family with 10⁴
-held-out samples: the best ones for n = 1, 2, 3 are of this form.
+loss ε/2 exactly, which is the best any design can reach. An exhaustive search (2026-11-24) over
+all score vectors of 2–6 candidates with scores 0..7 (0..6 for n = 3), every removed row and every
+event (the Neyman–Pearson prefixes of the exact distribution of ordered outputs,
+`TopKMechanism.probabilities`), at ε = 0.5, 1, 2 and n = 1, 2, 3, found no pair with an event of
+loss above ε/2 and none that certifies more with 10⁴ held-out samples than this family: the best
+pairs are of this form (n = 1: the pair (2, 1) shifted; n = 2: (7, 5, 5) at ε = 1, 2, (7, 6, 6)
+at 0.5; n = 3: (6, 4, 4, 4) and (6, 5, 5, 5)), and tests/test_audit_top_k.py repeats a smaller
+search.
 
 The values are numbers so that the released array's elements are audit coordinates (docs/AUDIT.md
 §2): Y = 0 and the E's 100, 101, …, so that "Y is not released" is "every element ≥ 100", a
@@ -213,7 +217,7 @@ class TopKDesign:
         """What the event certifies with `samples` held-out runs per side (module docstring)."""
         return expected_certificate(*self.event_probabilities(epsilon), samples, alpha)
 
-    def in_event(self, outputs) -> "object":
+    def in_event(self, outputs):
         """Per run (rows of an audit's output matrix, one column per released element): is Y
         missing from the released array?"""
         import numpy as np
@@ -232,8 +236,10 @@ class TopKDesign:
 
     def describe(self) -> str:
         p, q = self.event_probabilities()
-        return (f"{self.rows} rows: value 0 (Y) {self.base + self.gap} rows, {self.others} values "
-                f"{OTHERS_FROM}..{OTHERS_FROM + self.others - 1} {self.base} each; D′ removes one of Y's rows; "
+        others = (f"value {OTHERS_FROM}" if self.others == 1 else
+                  f"{self.others} values {OTHERS_FROM}..{OTHERS_FROM + self.others - 1}")
+        return (f"{self.rows} rows: value 0 (Y) {self.base + self.gap} rows, {others} {self.base} row(s) "
+                f"each; D′ removes one of Y's rows; "
                 f"event 'Y not released' {p:.4g} on D′, {q:.4g} on D (loss {math.log(p / q):.3f}, "
                 f"ceiling ε/2 = {self.ceiling:g})")
 
@@ -245,8 +251,8 @@ def top_k_design(n: int, epsilon: float, *, others: int | None = None, gap: int 
     and `gap` default to the pair, among m = n … n + 3 (at most 7, so that the design fits
     TopKMechanism's exact evaluation, when n ≤ 7) and gap = 1 … 12, whose event certifies the most
     with `samples` held-out runs per side at the level `alpha` of each of the audit's one-sided
-    bounds (default: confidence 0.95 split over 6 bounds). `mechanism_epsilon`: choose them for a mechanism that really runs at that ε (a broken
-    fixture's) rather than at the claim."""
+    bounds (default: confidence 0.95 split over 6 bounds). `mechanism_epsilon`: choose them for a
+    mechanism that really runs at that ε (a broken fixture's) rather than at the claim."""
     if not (isinstance(n, int) and 1 <= n <= 4096):
         raise ValueError("n must be an integer between 1 and 4096")
     if not (math.isfinite(epsilon) and epsilon > 0):
