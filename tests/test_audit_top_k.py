@@ -249,3 +249,15 @@ def test_argmax_without_noise_is_a_violation():
               where=np.asarray(frame["user_id"] == d.removed_unit), pilot=0)
     assert r.verdict == "VIOLATION", r.text()
     assert r.epsilon_lb > 2.0
+
+
+def test_cli_top_k_flag_needs_the_controller(tmp_path):
+    """`dpch audit --top-k` passes the method to the controller's planner (as `--selection` does);
+    without `--via controller` it is refused before anything opens (exit status 2)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "dpch.cli", "audit", "--data-dir", str(tmp_path / "d"),
+                          "SELECT dp_top_k(x, [0, 1], 1, 1.0) AS t FROM t", "--epsilon", "1", "--top-k", "peeling"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--top-k needs --via controller" in out.stderr, out.stderr

@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--selection", default=None, metavar="RULE",
                    help="with --via controller: the partition selection rule, as dpch query --selection "
                         "(checked by the planner)")
+    p.add_argument("--top-k", default=None, metavar="METHOD",
+                   help="with --via controller: how a top-n query is answered (auto, peeling, post_processing), "
+                        "as dpch query --top-k (checked by the planner)")
     p.add_argument("--methods", default="search,logistic,boosting",
                    help="comma-separated: search, logistic, boosting (default all)")
     p.add_argument("--pilot", type=int, default=1000, help="runs per candidate in the worst-case search")
@@ -76,11 +79,13 @@ def _run(args: argparse.Namespace) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
         raise InvalidParameter("--methods must name at least one method")
-    options = None
-    if args.selection is not None:
-        if args.via != "controller":
-            raise InvalidParameter("--selection needs --via controller")
-        options = {"selection": args.selection}
+    options = {}
+    for flag, name, value in (("--selection", "selection", args.selection), ("--top-k", "top_k", args.top_k)):
+        if value is not None:
+            if args.via != "controller":
+                raise InvalidParameter(f"{flag} needs --via controller")
+            options[name] = value
+    options = options or None
     try:
         with dpch.connect(args.data_dir) as db:
             report = audit(db, args.sql, epsilon=args.epsilon, delta=args.delta,
