@@ -281,3 +281,80 @@ def broken_naive_bounded_count(eps: float, lo: float = 0.0, hi: float = 100.0):
         return mech.sample(float(len(df)), n)
     mechanism.__name__ = f"broken_naive_bounded_count(eps={eps})"
     return mechanism
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse vector (dpch.svt): broken sessions for dpch.audit.svt (docs/AUDIT.md §10)
+# ---------------------------------------------------------------------------------------------
+def _svt_session(name: str, calibration=None, settle_offset: int = 0):
+    """A SparseVector subclass whose calibration is replaced by ``calibration(k, session)`` when Δ
+    is fixed (so the session's ρ draw, its test SQL and the audit's fast path all use it), and
+    which settles the cell c′ − ``settle_offset``."""
+    from dpch.accounting import odp_realized
+    from dpch.svt import SparseVector
+
+    class Broken(SparseVector):
+        def _prepare(self, sql, options):
+            test, new_cal = super()._prepare(sql, options)
+            if new_cal is not None and calibration is not None:
+                new_cal = calibration(new_cal, self)
+            return test, new_cal
+
+        def _settle(self):
+            if not settle_offset:
+                return super()._settle()
+            r = self.receipt
+            c1 = max(0, self.positives - settle_offset)
+            s = self.conn.ledger.settle(r, odp_realized(r.cost, [c1]), analyst=self.conn.analyst)
+            self.conn.ledger.mark(r, "executed")
+            return s.realized_epsilon
+
+    Broken.__name__ = Broken.__qualname__ = name
+    return Broken
+
+
+class _NoNoise:
+    """A 'mechanism' that adds nothing: sql(v) = v."""
+
+    def sql(self, value_sql: str) -> str:
+        return value_sql
+
+
+def broken_svt_no_threshold_noise():
+    """SVT with ρ = 0 (no threshold noise): each ⊥ answer leaks, the class E(S_0) = ε1 and sup E = ε
+    fail."""
+    import dataclasses
+
+    from dpch.mechanisms import LaplaceMechanism
+    from dpch.svt import SvtCalibration
+
+    @dataclasses.dataclass(frozen=True)
+    class NoRho(SvtCalibration):
+        def mechanisms(self):
+            return _NoNoise(), LaplaceMechanism(self.b2, True)
+
+    return _svt_session("SvtNoThresholdNoise", lambda k, s: NoRho(**dataclasses.asdict(k)))
+
+
+def broken_svt_answer_noise_delta_over_eps2():
+    """SVT with ν at the scale Δ/ε2 instead of 2cΔ/ε2."""
+    import dataclasses
+
+    from dpch.mechanisms import LaplaceMechanism
+
+    def cal(k, s):
+        b2 = k.sensitivity_units / s.epsilon2
+        return dataclasses.replace(k, b2=b2, tau2=LaplaceMechanism(b2, True).noise_scale_units)
+    return _svt_session("SvtAnswerNoiseDeltaOverEps2", cal)
+
+
+def broken_svt_settles_one_less():
+    """SVT that settles the cell c′ − 1 for a run with c′ ⊤ answers (under-reports the realised ε;
+    the reservation sup E = ε is unchanged)."""
+    return _svt_session("SvtSettlesOneLess", settle_offset=1)
+
+
+def correct_svt():
+    """The real session class (for symmetry with the broken ones)."""
+    from dpch.svt import SparseVector
+    return SparseVector
