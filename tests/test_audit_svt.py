@@ -72,3 +72,24 @@ def test_settles_one_less_is_caught_per_class(db, designs):
     assert r.claims[1] == pytest.approx(r.claims[0])
     assert r.class_violation, r.summary()
     assert not r.overall_violation, r.summary()
+
+
+#: Six queries one unit below the threshold that the moved row enters, one at the threshold that it
+#: leaves: at ε = 1, c = 1, the correct session certifies ≈ 0.58 overall (claim 1), no threshold
+#: noise ≈ 1.53 overall and ≈ 1.08 in class 0 (claim 0.386), ν at Δ/ε2 ≈ 1.16 overall (measured
+#: with 10⁵ sessions per side at confidence 1 − 1e-7).
+UPDOWN = ((-1,) * 6 + (0,), (1,) * 6 + (-1,))
+
+
+@pytest.mark.parametrize("fixture", [fb.broken_svt_no_threshold_noise, fb.broken_svt_answer_noise_delta_over_eps2])
+def test_broken_noise_is_caught(db, fixture):
+    """Both broken sessions exceed ε by ≥ 0.16 in expectation-sized samples; the audit below runs at
+    confidence 0.95 with 10⁵ sessions per side (the measured margins are 0.5 and 0.16 at the stricter
+    1 − 1e-7 level, so a miss needs the certified bound to fall far below its measured value)."""
+    from dpch.audit.svt import SvtDesign
+
+    des = SvtDesign(100, *UPDOWN)
+    d, dp, qs = build_svt_design(db, des, database="audit_svt_updown")
+    r = audit_svt(db, d, dp, qs, des.threshold, 1.0, 1, samples=100_000, real_sessions=20, confidence=0.95,
+                  session_cls=fixture())
+    assert r.overall_violation, r.summary()
