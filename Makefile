@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -80,6 +80,14 @@ bench-topk: install
 bench-thesis: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_thesis_mechanisms.py --samples 200000 --out bench/out/thesis.md
+
+# Output-DP savings (issue 16): a sparse-vector session over 500 segment tests with 3 true
+# positives, c ∈ {3, 5, 10}, ε ∈ {0.5, 1}: the settled ε against the worst case, and the smaller
+# noise of the counts released with the saved budget (store cached in bench/.data/odp; see bench/RESULTS.md).
+bench-odp: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_odp.py --users 100000 --segments 500 --repeats 12 \
+		--out bench/out/odp.json --markdown bench/out/odp.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

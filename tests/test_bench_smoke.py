@@ -228,3 +228,37 @@ def test_topk_recall_dpch_tiny(tmp_path):
     text = md.read_text()
     assert "| public | distinct | 3 | 1 | 50 | 1.000 ± 0.000 | 1.000 ± 0.000 |" in text
     assert "| selected | distinct | 3 | 3 | 50 |" in text and len(text.strip().splitlines()) == 2 + 6
+
+
+def test_odp_sparse_vector_tiny(tmp_path):
+    """bench/bench_odp.py on tiny data: every settled session is charged exactly Lemma 8's cell
+    ε1 + (c′/c)·ε2 ≤ the reserved ε (the non-settling accountant keeps ε), the saving is ≥ 0, the
+    release after settlement gets ε3′ = ε3 + (ε − spent) and a scale no larger than the worst case's,
+    and the markdown has one row per setting in each table."""
+    from dpch.svt import svt_epsilons
+
+    out, md = tmp_path / "o.json", tmp_path / "o.md"
+    cmd = [sys.executable, str(BENCH / "bench_odp.py"), "--users", "3000", "--segments", "40", "--cs", "3,5",
+           "--epsilons", "1", "--repeats", "3", "--accountants", "odp,basic,advanced",
+           "--data-dir", str(tmp_path / "data"), "--out", str(out), "--markdown", str(md)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [(r["epsilon"], r["c"]) for r in data["rows"]] == [(1.0, 3), (1.0, 5)]
+    for r in data["rows"]:
+        assert r["true_above"] == 3 and r["repeats"] == 3 and r["reserved"] == 1.0
+        cells = svt_epsilons(r["epsilon1"], r["epsilon2"], r["c"])
+        assert 0.0 <= r["saving"] < 1.0 and r["spent_settled_mean"] <= r["reserved"] + 1e-12
+        for s in r["sessions"]:
+            assert 0 <= s["positives"] <= r["c"] and 1 <= s["queries"] <= 40 and s["seconds"] > 0
+            if s["accountant"] == "advanced":
+                assert s["spent"] == pytest.approx(1.0)  # cannot settle: the worst case stays
+                continue
+            assert s["spent"] == pytest.approx(cells[s["positives"]], abs=1e-12) and s["spent"] <= 1.0 + 1e-12
+            if s["positives"]:
+                assert s["eps3_settled"] == pytest.approx(1.0 + (1.0 - s["spent"]), abs=1e-9)
+                assert s["scale_settled"] <= s["scale_worst"] * (1 + 1e-6)
+                assert len(s["err_settled"]) == len(s["err_worst"]) == s["positives"]
+    lines = md.read_text().strip().splitlines()
+    assert sum(1 for x in lines if x.startswith("| 1 | 3 |")) == 2 and sum(1 for x in lines if x.startswith("| 1 | 5 |")) == 2
+    assert "ε charged, odp" in lines[0] and "saving (settled)" in lines[0]
