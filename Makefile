@@ -86,7 +86,7 @@ bench-thesis: install
 # noise of the counts released with the saved budget (store cached in bench/.data/odp; see bench/RESULTS.md).
 bench-odp: install
 	mkdir -p bench/out
-	$(VPY) bench/bench_odp.py --users 100000 --segments 500 --repeats 12 \
+	$(VPY) bench/bench_odp.py --users 100000 --segments 500 --repeats 9 \
 		--out bench/out/odp.json --markdown bench/out/odp.md
 
 clean:

@@ -25,10 +25,12 @@ Second workload (§4.1 "Application"): the analyst's budget is ε + ε3 (ε3 = -
 after the session it releases the noisy counts of the c′ ⊤ segments with db.query, each at ε3′/c′
 where ε3′ = what the ledger says remains = ε3 + (c − c′)/c·ε2 under odp/basic. The baseline is the
 same release at ε3/c′ (what remains when the session is charged its worst case). Scales are dpch's
-calibration (the plan's Laplace scale b, Δ = 1); the error is measured against the true counts.
+calibration (the plan's Laplace scale b, Δ = 1); the noise std is the discrete Laplace's at b; the
+error is measured against the true counts over --release-draws draws of each release (the first on
+the analyst's own budget, which must fit; the others on a roomy measurement budget).
 
     python3 bench/bench_odp.py [--users 100000] [--segments 500] [--repeats 6] [--cs 3,5,10]
-                               [--epsilons 0.5,1] [--markdown FILE]
+                               [--epsilons 0.5,1] [--release-draws 10] [--markdown FILE]
 """
 from __future__ import annotations
 
@@ -43,10 +45,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import dpch  # noqa: E402
 from dpch.controller import prepare  # noqa: E402
 from dpch.svt import default_split, svt_epsilons  # noqa: E402
+from accuracy import discrete_laplace_var  # noqa: E402  (bench/accuracy.py)
 
 _U53 = "9007199254740992"  # 2^53
 SETTLING = ("odp", "basic", "pure")
@@ -93,14 +97,18 @@ def charged(db, analyst: str, table: str) -> float:
     return st.realized_epsilon + st.reserved_epsilon
 
 
-def release(db, analyst: str, table: str, segments: list[str], eps_each: float, truth: dict[str, int]):
-    """db.query of each segment's count at eps_each; returns (plan scale b, [errors])."""
-    db.analyst = analyst
+def release(db, analysts: list[str], table: str, segments: list[str], eps_each: float, truth: dict[str, int]):
+    """db.query of each segment's count at eps_each, once per analyst in ``analysts`` (the first is
+    the one whose budget the release is for; later ones are measurement repeats on a roomy budget);
+    returns (plan scale b, [errors])."""
+    db.analyst = analysts[0]
     scale = prepare(db, count_sql(table, segments[0]), epsilon=eps_each).plan.quantities[0].scale
     errors = []
-    for s in segments:
-        df = db.query(count_sql(table, s), epsilon=eps_each)
-        errors.append(float(df["n"].iloc[0]) - truth[s])
+    for who in analysts:
+        db.analyst = who
+        for s in segments:
+            df = db.query(count_sql(table, s), epsilon=eps_each)
+            errors.append(float(df["n"].iloc[0]) - truth[s])
     return scale, errors
 
 
@@ -136,8 +144,10 @@ def run_setting(db, table, truth, all_segments, threshold, over, eps, c, args, r
         if positives and acc in SETTLING:
             remaining = db.ledger.remaining(analyst, table).remaining.epsilon
             each = remaining * (1 - 1e-9) / len(positives)
-            b_odp, err_odp = release(db, analyst, table, positives, each, truth)
-            b_base, err_base = release(db, "baseline_release", table, positives, eps3 / len(positives), truth)
+            extra = ["baseline_release"] * (args.release_draws - 1)
+            b_odp, err_odp = release(db, [analyst] + extra, table, positives, each, truth)
+            b_base, err_base = release(db, ["baseline_release"] + extra, table, positives, eps3 / len(positives),
+                                       truth)
             sess.update({"eps3_settled": remaining, "eps3_worst": eps3, "scale_settled": b_odp,
                          "scale_worst": b_base, "err_settled": err_odp, "err_worst": err_base})
         sessions.append(sess)
@@ -172,6 +182,8 @@ def run_setting(db, table, truth, all_segments, threshold, over, eps, c, args, r
            "scale_settled_mean": mean(s["scale_settled"] for s in rel),
            "scale_ratio_mean": mean(s["scale_settled"] / s["scale_worst"] for s in rel),
            "rmse_worst": rmse("err_worst"), "rmse_settled": rmse("err_settled"),
+           "std_worst": mean(math.sqrt(discrete_laplace_var(s["scale_worst"])) for s in rel),
+           "std_settled": mean(math.sqrt(discrete_laplace_var(s["scale_settled"])) for s in rel),
            "sessions": sessions}
     sp = row["spent_settled_mean"]
     row["saving"] = None if sp is None else 1 - sp / eps
@@ -195,13 +207,15 @@ def markdown(rows, accountants) -> str:
                      f"{r['positives_mean']:.2f} | {_f(r['precision_mean'], '.3f')} | {_f(r['recall_mean'], '.3f')} | "
                      f"{r['queries_mean']:.0f} | {r['seconds_mean']:.1f} |")
     lines += ["", "| ε | c | ε3 (worst case charged) | ε3′ (settled, mean) | Laplace b per count, worst case | "
-              "b, settled | b ratio (mean per session) | RMSE, worst case | RMSE, settled | counts released |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "b, settled | b ratio (mean per session) | noise std, worst case | std, settled | RMSE, worst case | "
+              "RMSE, settled | counts released (× draws) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n = sum(len(s["err_settled"]) for s in r["sessions"] if "err_settled" in s)
         ratio = r["scale_ratio_mean"]
         lines.append(f"| {r['epsilon']:g} | {r['c']} | {r['eps3_worst']:.4f} | {_f(r['eps3_settled_mean'], '.4f')} | "
                      f"{_f(r['scale_worst_mean'], '.3f')} | {_f(r['scale_settled_mean'], '.3f')} | {_f(ratio, '.3f')} | "
+                     f"{_f(r['std_worst'], '.2f')} | {_f(r['std_settled'], '.2f')} | "
                      f"{_f(r['rmse_worst'], '.2f')} | {_f(r['rmse_settled'], '.2f')} | {n} |")
     return "\n".join(lines) + "\n"
 
@@ -217,6 +231,8 @@ def main(argv=None) -> None:
     ap.add_argument("--accountants", default="odp,basic,advanced",
                     help="the analysts' accountants, cycled over the repeats (comma list)")
     ap.add_argument("--release-epsilon", type=float, default=1.0, help="ε3 as a multiple of the session's ε")
+    ap.add_argument("--release-draws", type=int, default=10,
+                    help="draws of each release (the first on the analyst's budget; the rest measure the error)")
     ap.add_argument("--seed", type=int, default=16, help="seed of the query order (workload, not noise)")
     ap.add_argument("--data-dir", default=str(HERE / ".data" / "odp"))
     ap.add_argument("--out", default=str(HERE / "out" / "odp.json"))
