@@ -121,6 +121,13 @@ def sql_of(node: exp.Expression) -> str:
     return gen.generate(node, copy=False)
 
 
+def aggregate_refs(template: exp.Expression) -> list[int]:
+    """The indices of the aggregates whose placeholders (``__dp_a<i>``) a template uses, in walk
+    order."""
+    return [int(n.name[len(AGG_PREFIX):]) for n in template.walk()
+            if isinstance(n, exp.Column) and n.name.startswith(AGG_PREFIX)]
+
+
 def func_name(node: exp.Expression) -> str:
     """The function name as written (best effort) for messages."""
     if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):

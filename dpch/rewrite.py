@@ -39,9 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlglot import exp
-
-from .bind import sql_of
+from .bind import aggregate_refs, sql_of
 from .catalog import base_type, is_integer_type, is_nullable, quote_ident
 from .mechanisms import QUANTILE_BUCKETS
 from .plan import Plan, Quantity, float_literal
@@ -446,9 +444,8 @@ class _Rewriter:
             sql += f"\nWHERE {sql_of(bound.having)}"
         if bound.order:
             items = []
-            hidden = {f"__dp_a{i}" for i in range(len(self.plan.aggregates)) if not self._agg_released(i)}
             for o in bound.order:
-                if any(isinstance(n, exp.Column) and n.name in hidden for n in o.template.walk()):
+                if not all(self._agg_released(i) for i in aggregate_refs(o.template)):
                     # a peeling top-n's score that is not released: the groups come in the order chosen
                     items.append("__dp_rank ASC")
                     continue

@@ -11,7 +11,7 @@ from typing import Sequence
 from sqlglot import exp
 
 from .. import calibration as cal
-from ..bind import AggCall, BoundQuery, sql_of
+from ..bind import AggCall, BoundQuery, aggregate_refs, sql_of
 from ..cost import MechanismCost, PrivacyCost
 from ..errors import InvalidParameter, QueryRejected
 from ..mechanisms import QUANTILE_BUCKETS, GaussianMechanism, LaplaceMechanism
@@ -304,10 +304,7 @@ class _Planner:
         b = self.bounding
         rows = 1 if b.row_level else min(b.max_rows, b.rows_per_group)
         delta_score = score_sensitivity(q.kind, q.lo_units, q.hi_units, rows, b.neighbour == "substitute")
-        in_outputs = set()
-        for out in self.bound.outputs:
-            in_outputs.update(int(n.name[len("__dp_a"):]) for n in out.template.walk()
-                              if isinstance(n, exp.Column) and n.name.startswith("__dp_a"))
+        in_outputs = {i for out in self.bound.outputs for i in aggregate_refs(out.template)}
         score_only = not q.is_selection and not any(a in in_outputs for a in q.aggregates)
         if score_only:
             q.released = False
@@ -338,9 +335,7 @@ class _Planner:
         known = {SELECTION_WEIGHT_KEY, TOP_K_WEIGHT_KEY}
         by_output: dict[str, list[int]] = {}
         for out in self.bound.outputs:
-            refs = [int(n.name[len("__dp_a"):]) for n in out.template.walk()
-                    if isinstance(n, exp.Column) and n.name.startswith("__dp_a")]
-            qis = sorted({qi for r in refs for qi in agg_plans[r].roles.values()})
+            qis = sorted({qi for r in aggregate_refs(out.template) for qi in agg_plans[r].roles.values()})
             by_output[out.name] = qis
         for q in self.quantities:
             known.add(q.label)

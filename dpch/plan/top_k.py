@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ..bind import BoundQuery
+from ..bind import BoundQuery, aggregate_refs
 from ..errors import InvalidParameter
 from ..mechanisms import TopKMechanism
 
@@ -98,12 +98,10 @@ def top_k_shape(bound: BoundQuery) -> TopKShape | None:
     first = bound.order[0].template
     while isinstance(first, exp.Paren):
         first = first.this
-    if not (isinstance(first, exp.Column) and first.name.startswith("__dp_a") and not first.table):
+    refs = aggregate_refs(first) if isinstance(first, exp.Column) and not first.table else []
+    if len(refs) != 1:
         return None
-    try:
-        i = int(first.name[len("__dp_a"):])
-    except ValueError:
-        return None
+    i = refs[0]
     if bound.aggregates[i].func not in SCORE_FUNCS:
         return None
     n = bound.limit + (bound.offset or 0)
