@@ -194,6 +194,16 @@ def _error_response(err: GatewayError, query_id: str | None = None) -> Response:
 def build_app(cfg: GatewayConfig) -> Starlette:
     gw = Gateway(cfg)
 
+    async def authenticate(request: Request, params: dict[str, str]) -> str:
+        """The verified user of a request (argon2 off the event loop); raises auth_failed, and the
+        caller's access log then records no user name."""
+        user, password = credentials(request.headers, params)
+        ok = gw.users.verified_before(user, password) or \
+            await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
+        if not ok:
+            raise auth_failed(user)
+        return user
+
     async def ping(request: Request) -> Response:
         return Response(b"Ok.\n", media_type="text/plain; charset=UTF-8")
 
@@ -209,13 +219,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             if request.method not in ("GET", "POST"):
                 raise GatewayError(UNSUPPORTED_METHOD, f"HTTP method {request.method} is not supported")
             body = await _read_body(request, cfg) if request.method == "POST" else b""
-            user, password = credentials(request.headers, params)
-            ok = gw.users.verified_before(user, password) or \
-                await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
-            if not ok:
-                shown = user
-                user = None
-                raise auth_failed(shown)
+            user = await authenticate(request, params)
             try:
                 body_text = body.decode("utf-8")
             except UnicodeDecodeError:
@@ -267,13 +271,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         user = None
         try:
             params = _params(request)
-            user, password = credentials(request.headers, params)
-            ok = gw.users.verified_before(user, password) or \
-                await asyncio.get_running_loop().run_in_executor(gw.auth_pool, gw.users.verify, user, password)
-            if not ok:
-                shown = user
-                user = None
-                raise auth_failed(shown)
+            user = await authenticate(request, params)
             body = await _read_body(request, cfg)
             try:
                 req = gw_svt.parse_request(json.loads(body.decode("utf-8")))
@@ -285,7 +283,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                             rows=len(out["answers"]), duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
                             remote=_remote(request))
             return Response(json.dumps(out).encode(), media_type="application/json",
-                            headers={"X-DPCH-Epsilon": repr(float(out["epsilon_spent"] or out["epsilon_reserved"])),
+                            headers={"X-DPCH-Epsilon": repr(float(out["epsilon_spent"])),
                                      "X-DPCH-Delta": "0.0"})
         except Exception as exc:  # noqa: BLE001
             err = from_dpch(exc)
