@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import shlex
 import shutil
@@ -79,7 +78,7 @@ sys.path.insert(0, str(BENCH))
 
 from bench_quantiles import PEER_ENV_SPECS  # noqa: E402  (the peers' virtualenvs, Tumult's included)
 from bench_selection import ANALYST, expected_released, load, true_counts  # noqa: E402
-from run_all import ensure_venv, log, machine_info, run_worker, venv_python  # noqa: E402
+from run_all import ensure_venv, log, machine_info, run_worker, venv_python, write_results  # noqa: E402
 
 PEERS = ("pipelinedp", "opendp", "tumult")
 SYSTEMS = ("dpch",) + PEERS
@@ -348,13 +347,7 @@ def main(argv=None) -> int:
             assert r["released"] == r["true_released"], r
             assert all(x <= next(d["true_groups"] for d in datasets if d["k"] == r["k"]) for x in r["released"])
             assert r["expected"] is None or math.isfinite(r["expected"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1))
-    md = markdown(data)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(md)
-    print(md)
-    log(f"wrote {args.out} and {args.markdown} ({data['seconds']:.0f} s)")
+    write_results(data, args.out, args.markdown, markdown(data))
     return 0
 
 

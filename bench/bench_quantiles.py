@@ -52,7 +52,8 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from run_all import PEER_ENVS, ensure_venv, log, machine_info, run_worker, venv_python  # noqa: E402
+from run_all import (PEER_ENVS, ensure_venv, log, machine_info, run_worker, venv_python,  # noqa: E402
+                     write_results)
 
 LO, HI = 0.0, 1000.0
 LARGE_N = 10_000  # Tumult runs only --tumult-large-dists from this size on
@@ -403,13 +404,7 @@ def main(argv=None) -> int:
     data["seconds"] = time.perf_counter() - t0
     if args.merge and args.out.exists():
         merge_previous(data, json.loads(args.out.read_text()))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1))
-    md = markdown(data)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(md)
-    print(md)
-    log(f"wrote {args.out} and {args.markdown} ({data['seconds']:.0f} s)")
+    write_results(data, args.out, args.markdown, markdown(data))
     return 0
 
 

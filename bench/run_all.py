@@ -72,6 +72,17 @@ def log(msg: str) -> None:
 
 
 # -- environment ------------------------------------------------------------------------------
+def write_results(data: dict, out: Path, markdown: Path, md: str) -> None:
+    """Write a benchmark's JSON record and its Markdown table (``data["seconds"]``: its run time),
+    and print the table."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1))
+    markdown.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text(md)
+    print(md)
+    log(f"wrote {out} and {markdown} ({data['seconds']:.0f} s)")
+
+
 def venv_python(env: str, spec: dict | None = None) -> Path:
     return (spec or PEER_ENVS[env])["dir"] / "bin" / "python"
 
