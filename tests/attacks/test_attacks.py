@@ -569,20 +569,32 @@ def test_numpy_budget_scalars_are_accepted(adb, eps, dlt):
     assert o.status == "ok" and o.charged, o.short()
 
 
-def test_sql_function_path_errors_do_not_echo_data(adb):
-    """The trusted dp_* SQL-function path: a non-numeric argument must give an error naming the
-    argument, never the value (invariant 5); and success/failure must not depend on unit 42."""
+SQL_FUNCTION_CALLS = [
+    "dp_sum(name, 0, 10, 1.0)",  # a non-numeric argument: refused, naming the argument
+    "dp_top_k(name, ['0001', '0002', '0003'], 2, 1.0)",  # unit 42's name is in no domain
+    "dp_top_k(nregion, ['EU', 'US'], 1, 1.0)",  # NULL only for unit 42
+    "dp_top_k(name, ['0001'], 0, 1.0)",  # a bad n: refused on both
+    "dp_quantile(amount, 0.5, 0, 1000, 1.0)",  # unit 42's amount outside the bounds
+    "dp_count_bounded(0, 100, 1.0, 1e-9)",
+    "dp_sum_bounded(amount, 0, 1000, 0, 100000, 1.0, 1e-9)",
+]
+
+
+@pytest.mark.parametrize("call", SQL_FUNCTION_CALLS)
+def test_sql_function_path_errors_do_not_echo_data(adb, call):
+    """The trusted dp_* SQL-function path: a bad argument must give an error naming the argument,
+    never a value (invariant 5); and success/failure must not depend on unit 42."""
     outcomes = []
     for table in PAIRS["k1"].tables:
         try:
-            adb.raw_query(f"SELECT dp_sum(name, 0, 10, 1.0) AS s FROM {table}")
+            adb.raw_query(f"SELECT {call} AS s FROM {table}")
             outcomes.append(("ok", ""))
         except Exception as exc:  # noqa: BLE001
             msg = str(exc)
             leaked = harness.leaked_secrets(msg)
-            assert not leaked, f"dp_sum error echoes unit 42's value {leaked}: {msg[:300]!r}"
+            assert not leaked, f"{call} error echoes unit 42's value {leaked}: {msg[:300]!r}"
             outcomes.append(("error", type(exc).__name__))
-    assert outcomes[0] == outcomes[1], f"dp_sum(name, ...) succeeds on one of D/D′ only: {outcomes}"
+    assert outcomes[0] == outcomes[1], f"{call} succeeds on one of D/D′ only: {outcomes}"
 
 
 # --------------------------------------------------------------------------------------------------
