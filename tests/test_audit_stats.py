@@ -131,3 +131,20 @@ def test_input_validation():
         analyse(np.zeros((100, 2)), np.zeros((100, 3)), epsilon=1.0)
     with pytest.raises(ValueError):
         analyse(np.zeros(4), np.zeros(4), epsilon=1.0)
+
+
+def test_boosting_ignores_a_column_never_seen_in_training():
+    """Regression (CI, bb97394): a group released in 1 of 2000 runs, in the half the classifier was
+    not trained on, left an all-NaN training column that sklearn's binning rejects. Such a column
+    is dropped; an all-empty training set gives a constant score."""
+    from dpch.audit.learned import BoostingDistinguisher
+
+    rng = np.random.default_rng(0)
+    x_d = np.column_stack([rng.normal(1.0, 1.0, 400), np.full(400, np.nan)])
+    x_dp = np.column_stack([rng.normal(0.0, 1.0, 400), np.full(400, np.nan)])
+    model = BoostingDistinguisher(max_iter=20).fit(x_d, x_dp)
+    probe = np.array([[3.0, 5.0], [-3.0, np.nan]])
+    s = model.score(probe)
+    assert s[0] > 0.5 > s[1]  # still learns from the observed column
+    empty = BoostingDistinguisher(max_iter=20).fit(np.full((50, 1), np.nan), np.full((50, 1), np.nan))
+    assert np.all(empty.score(np.array([[1.0], [np.nan]])) == 0.5)

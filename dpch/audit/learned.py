@@ -106,6 +106,13 @@ class BoostingDistinguisher(Distinguisher):
         from sklearn.ensemble import HistGradientBoostingClassifier
 
         x, y = _labelled(x_d, x_dp)
+        # A column with no value in the training part (a group that appeared only in the other
+        # half of the runs) carries nothing to learn, and sklearn's binning rejects it: drop it.
+        self._columns = np.flatnonzero(~np.all(np.isnan(x), axis=0))
+        if self._columns.size == 0:
+            self._model = None  # nothing observed at all: a constant score
+            return self
+        x = x[:, self._columns]
         self._model = HistGradientBoostingClassifier(
             max_iter=self.max_iter, learning_rate=0.1, max_leaf_nodes=15, min_samples_leaf=40,
             l2_regularization=1.0, early_stopping=False, random_state=self.seed)
@@ -114,8 +121,10 @@ class BoostingDistinguisher(Distinguisher):
         return self
 
     def _raw_score(self, x):
+        if self._model is None:
+            return np.full(len(x), 0.5)
         with _one_thread():
-            return self._model.predict_proba(x)[:, 1]
+            return self._model.predict_proba(x[:, self._columns])[:, 1]
 
 
 def make_distinguishers(names: list[str], seed: int = 0) -> list[Distinguisher]:
