@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -88,6 +88,14 @@ bench-odp: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_odp.py --users 100000 --segments 500 --repeats 9 \
 		--out bench/out/odp.json --markdown bench/out/odp.md
+
+# 100 M rows, 10 M units on one machine (issue 17): a user-level DP query through the controller
+# against the same query at 10 M rows / 1 M units, peak RSS and time per row; the data is generated
+# inside ClickHouse into a temporary store and deleted afterwards (≈ 3 GB disk; see bench/RESULTS.md).
+bench-large: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_large.py --rows 100000000 --base-rows 10000000 --reps 3 \
+		--out bench/out/large.json --markdown bench/out/large.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

@@ -330,7 +330,8 @@ def phase_speed(args, db, results: Results, avail: dict) -> None:
                 if skip:
                     results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "skipped", "reason": skip})
                     continue
-                tasks.append({"kind": "time", "qid": qid, "eps": args.eps, "runs": args.runs, "warmup": args.warmup})
+                tasks.append({"kind": "time", "qid": qid, "eps": args.eps, "runs": args.peer_runs,
+                              "warmup": args.peer_warmup})
             if not tasks:
                 continue
             log(f"speed {size_label(rows)} peer {p}: queries {''.join(t['qid'] for t in tasks)}")
@@ -360,9 +361,9 @@ def projected_skip(results: Results, system: str, qid: str, rows: int, args) -> 
     if not prev:
         return None
     last = max(prev, key=lambda r: r["rows"])
-    projected = last["median_s"] * rows / last["rows"] * (args.runs + args.warmup)
+    projected = last["median_s"] * rows / last["rows"] * (args.peer_runs + args.peer_warmup)
     if projected > args.peer_max_s:
-        return (f"projected {projected / 60:.0f} min for {args.runs}+{args.warmup} runs "
+        return (f"projected {projected / 60:.0f} min for {args.peer_runs}+{args.peer_warmup} runs "
                 f"(from {last['median_s']:.1f} s at {size_label(last['rows'])}), over --peer-max-s={args.peer_max_s:.0f}")
     return None
 
@@ -482,6 +483,10 @@ def parse_args(argv=None):
     ap.add_argument("--systems", default=",".join(INPROC + PEERS))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    # the pure-Python peers take minutes per run at 10 M rows (PipelineDP's LocalBackend): fewer
+    # timed runs for them keep a 10 M-row run within an hour on 2 cores; the report states the count
+    ap.add_argument("--peer-runs", type=int, default=None, help="timed runs per peer query (default: --runs)")
+    ap.add_argument("--peer-warmup", type=int, default=None, help="peer warm-up runs (default: --warmup)")
     ap.add_argument("--eps", type=float, default=1.0, help="ε per released statistic (speed, headline accuracy)")
     ap.add_argument("--peer-max-s", type=float, default=1800.0,
                     help="skip a peer at a size whose projected time for one query exceeds this")
@@ -505,6 +510,8 @@ def parse_args(argv=None):
     ap.add_argument("--fresh", action="store_true", help="discard earlier results.json")
     args = ap.parse_args(argv)
     args.phases = set(args.phases.split(","))
+    args.peer_runs = args.runs if args.peer_runs is None else args.peer_runs
+    args.peer_warmup = args.warmup if args.peer_warmup is None else args.peer_warmup
     args.systems = [s for s in args.systems.split(",") if s]
     args.queries = [q for q in args.queries if q in QUERIES]
     args.sweep_queries = [q for q in args.sweep_queries if q in QUERIES]
