@@ -1,0 +1,154 @@
+"""ClickBench-style workload (issue 17; results: bench/RESULTS.md, "ClickBench-style workload (issue 17)").
+
+The 43 public ClickBench queries (bench/clickbench/queries.py) on a synthetic hits-like table
+(bench/clickbench/schema.py: Zipf users and URLs; UserID is the privacy unit, k = 5, M = 100),
+each run plainly (`db.raw_query`, the SQL as written) and through the controller (`db.query`, ε = 1,
+δ = 1e-6) on the same embedded store. Per query: answered or rejected (with the message), and for
+the answered ones the medians of --repeats alternating runs (plain, DP, plain, DP, ... after one
+warm-up each) and DP / plain. Summary: how many of the DP-expressible queries are answered, the
+geometric mean and the maximum of DP / plain over the answered ones.
+
+    python3 bench/bench_clickbench.py --rows 10000000 [--repeats 5] [--queries Q0,Q27] [--out FILE.json]
+
+The store is cached in bench/.data/clickbench-<rows> (delete it, or --rebuild, to regenerate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import dpch  # noqa: E402
+from clickbench import schema  # noqa: E402
+from clickbench.queries import BY_NAME, QUERIES  # noqa: E402
+from dpch.errors import QueryRejected  # noqa: E402
+from run_all import write_results  # noqa: E402
+
+TARGET_GEOMEAN = 2.5
+TARGET_MAX = 6.0
+
+
+def open_store(rows: int, units: int, root: Path, rebuild: bool):
+    """An embedded store holding the table (built on first use, then cached)."""
+    store = root / f"clickbench-{rows}"
+    marker = store / "clickbench_built.json"
+    fresh = rebuild or not marker.exists()
+    store.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DPCH_DATA_DIR", str(store))
+    db = dpch.connect(str(store), analyst="bench")
+    if fresh:
+        t0 = time.perf_counter()
+        schema.build(db, rows, units)
+        info = {"rows": rows, "units": units, "build_s": round(time.perf_counter() - t0, 2)}
+        marker.write_text(json.dumps(info))
+    else:
+        info = {**json.loads(marker.read_text()), "cached": True}
+        schema.register(db)  # refresh the catalog entry and the budget (definitions may have changed)
+    return db, info
+
+
+def run_query(db, q, repeats: int, epsilon: float, delta: float) -> dict:
+    """Answer or rejection; for answers, alternating timings of the plain and the DP query."""
+    out = {"query": q.name, "expressible": q.expressible, "reason": q.reason}
+    try:
+        df = db.query(q.sql, epsilon=epsilon, delta=delta)  # also the DP warm-up
+    except QueryRejected as e:
+        return {**out, "status": "rejected", "message": str(e)}
+    db.raw_query(q.sql)  # plain warm-up
+    t_plain, t_dp = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plain = db.raw_query(q.sql)
+        t1 = time.perf_counter()
+        df = db.query(q.sql, epsilon=epsilon, delta=delta)
+        t2 = time.perf_counter()
+        t_plain.append(t1 - t0)
+        t_dp.append(t2 - t1)
+    mp, md = statistics.median(t_plain), statistics.median(t_dp)
+    return {**out, "status": "answered", "plain_s": mp, "dp_s": md, "ratio": md / mp,
+            "plain_rows": len(plain), "dp_rows": len(df)}
+
+
+def summarise(results: list[dict]) -> dict:
+    expressible = [r for r in results if r["expressible"]]
+    answered = [r for r in results if r["status"] == "answered"]
+    ratios = [r["ratio"] for r in answered]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    return {"queries": len(results), "expressible": len(expressible),
+            "expressible_answered": sum(r["status"] == "answered" for r in expressible),
+            "answered_not_expressible": [r["query"] for r in answered if not r["expressible"]],
+            "expressible_rejected": [r["query"] for r in expressible if r["status"] != "answered"],
+            "geomean_ratio": geo, "max_ratio": max(ratios, default=float("nan")),
+            "max_query": max(answered, key=lambda r: r["ratio"])["query"] if answered else None}
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"{result['rows']:,} rows, {result['distinct_users']:,} users; ε = {result['epsilon']}, "
+             f"δ = {result['delta']}; medians of {result['repeats']} alternating runs; commit {result['commit']}.", "",
+             f"Answered {s['expressible_answered']} of {s['expressible']} DP-expressible queries; DP / plain over "
+             f"the answered: geometric mean **{s['geomean_ratio']:.2f}×**, max **{s['max_ratio']:.2f}×** "
+             f"({s['max_query']}); targets ≤ {TARGET_GEOMEAN}× and ≤ {TARGET_MAX}×.", "",
+             "| query | DP-expressible | status | plain ms | DP ms | DP / plain | rows plain / DP |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["results"]:
+        expr = "yes" if r["expressible"] else f"no: {r['reason']}"
+        if r["status"] == "answered":
+            lines.append(f"| {r['query']} | {expr} | answered | {1000 * r['plain_s']:.0f} | {1000 * r['dp_s']:.0f} | "
+                         f"{r['ratio']:.2f} | {r['plain_rows']} / {r['dp_rows']} |")
+        else:
+            msg = r["message"].replace("|", "\\|")
+            lines.append(f"| {r['query']} | {expr} | rejected: {msg[:160]} | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--units", type=int, default=None, help="Zipf user ranks (default rows / 10)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--delta", type=float, default=1e-6)
+    ap.add_argument("--queries", default=None, help="comma-separated names, e.g. Q0,Q27")
+    ap.add_argument("--data-root", default=str(HERE / ".data"))
+    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "out" / "clickbench.json"))
+    ap.add_argument("--markdown", default=str(HERE / "out" / "clickbench.md"))
+    args = ap.parse_args(argv)
+    units = args.units or max(1, args.rows // 10)
+    started = time.perf_counter()
+    chosen = [BY_NAME[n] for n in args.queries.split(",")] if args.queries else list(QUERIES)
+    db, info = open_store(args.rows, units, Path(args.data_root), args.rebuild)
+    try:
+        users = int(db.raw_query(f"SELECT uniqExact(UserID) AS u FROM {schema.TABLE}")["u"][0])
+        results = []
+        for q in chosen:
+            r = run_query(db, q, args.repeats, args.epsilon, args.delta)
+            results.append(r)
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                              if k not in ("reason",)}), flush=True)
+    finally:
+        db.close()
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    result = {"rows": args.rows, "units": units, "distinct_users": users, "epsilon": args.epsilon,
+              "delta": args.delta, "repeats": args.repeats, "commit": commit, "build": info,
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+              "results": results, "summary": summarise(results), "seconds": time.perf_counter() - started}
+    write_results(result, Path(args.out), Path(args.markdown), markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
