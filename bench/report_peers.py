@@ -190,6 +190,10 @@ def target_checks(data: dict, headline_eps: float) -> list[tuple[str, str, str]]
         txt = ("SmartNoise on (b) excluded (it cannot bound groups per user; compared on (e)). "
                f"DPCH lower in {len(cmp) - len(bad)} of {len(cmp)} (query, stat, ε, peer) cells; "
                f"higher but within 3 s.e. (a statistical tie) in {len(bad) - len(clear)}; clearly higher in {len(clear)}")
+        no_se = [c for c in bad if math.isnan(c[7])]
+        if no_se:  # records carried over from a rendered RESULTS.md (parse_section) have no s.e.
+            txt += (f" ({len(no_se)} of the higher cells were carried over from an earlier rendering without "
+                    "standard errors and are counted as ties, as that run's own verdict had them)")
         if clear:
             txt += ": " + "; ".join(
                 f"({c[0]}) {c[1]} ε={c[2]:g} vs {LABELS[c[3]]}: {c[5]:.4g} vs {c[6]:.4g} ({c[5] / c[6]:.3f}×, z={c[7]:.1f})"
@@ -281,7 +285,7 @@ def render(data: dict, plots: list[Path], md_path: Path, section: str) -> str:
                     note = f"{r['warmup']} warm-up runs" if r.get("warmup", 1) != 1 else ""
                     lines.append(f"| ({qid}) | {LABELS[name]} | {_fmt_s(r['median_s'])} | {_fmt_s(r['min_s'])} – "
                                  f"{_fmt_s(r['max_s'])} | {r['runs']} | {r['peak_rss_mib']:.0f} MiB | "
-                                 f"{r['delta_rss_mib']:.0f} MiB | {note} |")
+                                 f"{r['delta_rss_mib']:.0f} MiB | {note}".rstrip() + " |")
                 else:
                     why = (r.get("reason") or r.get("error") or "").replace("|", "/")
                     lines.append(f"| ({qid}) | {LABELS[name]} | – | – | – | – | – | {r.get('status')}: {why} |")
@@ -384,6 +388,78 @@ def _config(name: str) -> tuple[dict, dict]:
         if isinstance(obj, type) and getattr(obj, "name", None) == name:
             return obj.CONFIG, obj.UNSUPPORTED
     return {}, {}
+
+
+def _seconds(text: str) -> float:
+    value, unit = text.split()
+    return float(value) / (1000 if unit == "ms" else 1)
+
+
+def _num(text: str) -> float:
+    return math.nan if text == "–" else float(text.replace(",", ""))
+
+
+def parse_section(text: str, section: str, source: str) -> dict:
+    """The records a rendered section shows (the inverse of ``render`` for its speed tables,
+    accuracy tables, commands and run notes), each marked ``imported: source``. For carrying
+    earlier runs over when their results.json is gone: values are as rounded in the Markdown,
+    and accuracy records have no standard errors (``mse_se``)."""
+    start = text.find(section + "\n")
+    end = text.find("\n## ", start + len(section))
+    body = text[start:end if end >= 0 else None].splitlines()
+    by_label = {v: k for k, v in LABELS.items()}
+    data: dict = {"speed": [], "accuracy": [], "commands": [], "notes": []}
+    where, rows, eps, acc_rows, in_code = None, None, None, None, False
+    for line in body:
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            if not line.startswith("make bench "):
+                data["commands"].append(line)
+            continue
+        if line.startswith("### "):
+            where = line[4:]
+        elif line.startswith("**") and " rows** (" in line:
+            rows, where = int(line.split("(")[1].split(";")[0].replace(",", "")), "speed"
+        elif line.startswith("**Ratios**"):
+            where = "ratios"
+        elif line.startswith("Data: the accuracy table ("):
+            acc_rows = int(line.split("(")[1].split(" rows")[0].replace(",", ""))
+        elif line.startswith("**ε = "):
+            eps = float(line[len("**ε = "):].split()[0])
+        elif where == "Run notes" and line.startswith("- "):
+            data["notes"].append(line[2:])
+        if not line.startswith("| (") or where not in ("speed", "Accuracy at equal ε"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        qid = cells[0].strip("()")
+        if where == "speed":
+            rec = {"rows": rows, "qid": qid, "system": by_label[cells[1]], "imported": source}
+            if cells[2] == "–":
+                status, _, why = cells[7].partition(": ")
+                rec.update(status=status, reason=why)
+            else:
+                lo, hi = cells[3].split(" – ")
+                rec.update(status="ok", median_s=_seconds(cells[2]), min_s=_seconds(lo), max_s=_seconds(hi),
+                           runs=int(cells[4]), peak_rss_mib=float(cells[5].split()[0]),
+                           delta_rss_mib=float(cells[6].split()[0]))
+            data["speed"].append(rec)
+            continue
+        system = by_label[cells[2]]
+        rec = next((r for r in data["accuracy"] if (r["qid"], r["system"], r["eps"]) == (qid, system, eps)), None)
+        if rec is None:
+            rec = {"rows": acc_rows, "qid": qid, "system": system, "eps": eps, "status": "ok", "stats": {},
+                   "imported": source}
+            data["accuracy"].append(rec)
+        if cells[1] == "–":
+            status, _, why = cells[10].partition(": ")
+            rec.update(status=status, reason=why)
+            continue
+        rec["reps_done"] = int(cells[3])
+        rec["stats"][cells[1]] = {"rmse": _num(cells[4]), "rel_err": _num(cells[5]), "bias_rms": _num(cells[6]),
+                                  "noise_var": _num(cells[7]), "released": _num(cells[10])}
+    return data
 
 
 def write_section(data: dict, md_path: Path, plots: list[Path], section: str) -> None:

@@ -471,6 +471,33 @@ def brief(rec: dict) -> str:
     return ", ".join(f"{st} rmse {v['rmse']:.4g}" for st, v in rec["stats"].items()) + f" ({rec['reps_done']} reps)"
 
 
+def import_rendered(results: Results, md: Path) -> None:
+    """Add the cells of an earlier rendered peers section (report_peers.parse_section) that
+    results.json does not hold: results.json lives in bench/out (not in git), so a new checkout
+    would otherwise drop every earlier run from RESULTS.md. Measured cells always win."""
+    from report_peers import parse_section
+
+    text = md.read_text()
+    section = text[text.find(SECTION):]
+    commit = section.split("DPCH commit ", 1)[1].split(";")[0] if "DPCH commit " in section else "?"
+    cpu = section.split("- Machine: ", 1)[1].split(",")[0] if "- Machine: " in section else "?"
+    source = f"RESULTS.md of DPCH {commit} (measured on {cpu})"
+    old = parse_section(text, SECTION, source)
+    for kind, fields in (("speed", ("rows", "qid", "system")), ("accuracy", ("rows", "qid", "system", "eps"))):
+        have = {Results._key(r, fields) for r in results.data[kind]}
+        for rec in old[kind]:
+            if Results._key(rec, fields) in have:
+                continue
+            if kind == "accuracy":
+                rec["theory"] = {st: theory(rec["system"], QUERIES[rec["qid"]], st, rec["eps"]) for st in rec["stats"]}
+            results.data[kind].append(rec)
+    results.data["commands"] = [c for c in old["commands"] if c not in results.data["commands"]] + results.data["commands"]
+    note = f"cells not re-run since are carried over from the {source} (values as rounded there; no accuracy s.e.)"
+    results.data["notes"] = [n for n in old["notes"] if n not in results.data["notes"]] + results.data["notes"] + [note]
+    results.save()
+    log(f"imported {len(old['speed'])} speed and {len(old['accuracy'])} accuracy cells from {md} ({source})")
+
+
 # -- main -----------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -508,6 +535,8 @@ def parse_args(argv=None):
     ap.add_argument("--plots-dir", type=Path, default=BENCH / "plots")
     ap.add_argument("--no-install", action="store_true", help="never create the peer virtualenvs")
     ap.add_argument("--fresh", action="store_true", help="discard earlier results.json")
+    ap.add_argument("--import-md", type=Path, default=None,
+                    help="carry over the cells of a rendered RESULTS.md (e.g. from git) that results.json lacks")
     args = ap.parse_args(argv)
     args.phases = set(args.phases.split(","))
     args.peer_runs = args.runs if args.peer_runs is None else args.peer_runs
@@ -523,7 +552,9 @@ def main(argv=None) -> int:
     if args.fresh and args.out.exists():
         args.out.unlink()
     results = Results(args.out)
-    if {"speed", "accuracy"} & args.phases or "machine" not in results.data:
+    if args.import_md:
+        import_rendered(results, args.import_md)
+    if {"speed", "accuracy"} & args.phases or not results.data.get("machine"):
         results.data["machine"] = machine_info()  # a report-only run keeps the measuring run's machine/commit
     cmd = "python3 bench/run_all.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     stamp = f"   # {results.data['machine']['date']}, DPCH {results.data['machine']['commit']}"
