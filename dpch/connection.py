@@ -122,6 +122,32 @@ class Connection:
 
         return SparseVector(self, dataset, threshold, epsilon, max_positives, delta, split)
 
+    def robust_median(self, table: str, column: str, *, epsilon: float, delta: float, where: str | None = None,
+                      bound: float | None = None, rows_hint: int | None = None, **options):
+        """Propose-test-release median (dpch.ptr, docs/PTR.md): (ε, δ)-DP at the unit level; a
+        ``PtrResult`` whose branch is "released" or "bottom" (⊥, value None: only the tests' ε kept)."""
+        from .ptr import run_ptr
+
+        return run_ptr(self, "median", table, column, epsilon=epsilon, delta=delta, where=where, bound=bound,
+                       rows_hint=rows_hint, **options)
+
+    def robust_iqr(self, table: str, column: str, *, epsilon: float, delta: float, where: str | None = None,
+                   **options):
+        """The interquartile range by M_IQR (dpch.ptr, docs/PTR.md): (ε, δ)-DP at the unit level;
+        ⊥ keeps 2ε/3 (odp_privacy_accounting.md Lemma 10)."""
+        from .ptr import run_ptr
+
+        return run_ptr(self, "iqr", table, column, epsilon=epsilon, delta=delta, where=where, **options)
+
+    def trimmed_mean(self, table: str, column: str, *, alpha: float, epsilon: float, delta: float,
+                     where: str | None = None, bound: float | None = None, rows_hint: int | None = None, **options):
+        """The α-trimmed mean by propose-test-release (dpch.ptr, docs/PTR.md): (ε, δ)-DP at the unit
+        level; without ``bound`` its proposal comes from the (α/2, 1 − α/2) scale mechanism."""
+        from .ptr import run_ptr
+
+        return run_ptr(self, "trimmed_mean", table, column, epsilon=epsilon, delta=delta, where=where, alpha=alpha,
+                       bound=bound, rows_hint=rows_hint, **options)
+
     def explain(self, sql: str, *, epsilon: float, delta: float = 0.0, **options):
         """Show the rewritten SQL, per-aggregate sensitivity, mechanism and budget split. Executes
         nothing and charges nothing."""

@@ -1,0 +1,156 @@
+"""Propose-test-release in ClickHouse: the statistics, the noisy test and the noisy release as SQL.
+
+Input: the controller's bounded histogram (``__dp_q0``: sorted buckets of the 2^16 grid over the
+column's bounds, with counts; each unit's rows bounded to M as for ``quantile()``). Everything
+below runs inside ClickHouse; Python receives one row: ``branch`` (0 = ⊥, else which
+discretisation/test passed) and ``value`` (NULL unless released, then already noised).
+
+Order statistics are *extended*: x_(i) = 0 for i ≤ 0 and B − 1 for i > n (every value lies in
+[0, B − 1], B = 2^16), so adding or removing one row moves x_(i) within [x_(i−1), x_(i+1)] and a
+rank ⌈p·n⌉ by at most one; hence the envelope of docs/PTR.md, "Envelopes":
+I_k(x′) ⊆ I_{k+1}(x) for row neighbours, and I_k(x′) ⊆ I_{k+K}(x) for unit neighbours (K rows).
+All arithmetic on the statistics is exact integer arithmetic, except the trimmed mean's window
+means (correctly rounded Float64 divisions of exact integer sums: monotone, which is all the
+envelope argument needs; docs/PTR.md).
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..mechanisms import LaplaceMechanism
+from ..typecheck import with_settings
+from .calibration import BUCKETS, NoisyTest
+
+TOP = BUCKETS - 1
+
+
+def _indent(sql: str) -> str:
+    return "\n".join("  " + line for line in sql.splitlines())
+
+
+def sorted_rows_sql(groups_sql: str) -> str:
+    """One row: ``xs`` (the bounded rows' buckets, sorted, Int64) and ``n`` = length(xs)."""
+    return ("SELECT arrayFlatten(arrayMap((__dp_b, __dp_c) -> arrayWithConstant(__dp_c, toInt64(__dp_b)), "
+            "__dp_q0.1, __dp_q0.2)) AS xs, toInt64(length(xs)) AS n,\n"
+            "  arrayConcat([toInt64(0)], arrayCumSum(xs)) AS ps\n"
+            f"FROM (\n{_indent(groups_sql)}\n)")
+
+
+def order_stat(i: str) -> str:
+    """x_(i), extended (module docstring)."""
+    return (f"if(({i}) < 1, toInt64(0), if(({i}) > n, toInt64({TOP}), "
+            f"xs[toUInt64(greatest(1, least({i}, n)))]))")
+
+
+def rank(p: Fraction, n: str = "n") -> str:
+    """⌈p·n⌉ exactly (p a fraction in (0, 1))."""
+    return f"intDiv({p.numerator} * ({n}) + {p.denominator - 1}, {p.denominator})"
+
+
+def first_failure(cond_of_u: str, cap: int) -> str:
+    """min{u ∈ [0, cap): cond(u)}, or cap: the capped distance statistic."""
+    # index x ∈ [0, cap] (0: none); (x + cap) mod (cap + 1) maps 0 ↦ cap and x ↦ x − 1
+    return (f"toInt64((arrayFirstIndex(__dp_u -> {cond_of_u}, range(toInt64(0), toInt64({cap}))) + {cap}) "
+            f"% {cap + 1})")
+
+
+# -- M_IQR: the gap between two quantiles, two shifted log discretisations ------------------------
+
+def gap_bounds(p1: Fraction, p2: Fraction, k: str) -> tuple[str, str]:
+    """[lo_k, hi_k] ∋ x_(r2) − x_(r1) of every dataset within k rows (docs/PTR.md)."""
+    r1, r2 = rank(p1), rank(p2)
+    lo = f"greatest(toInt64(0), {order_stat(f'{r2} - ({k})')} - {order_stat(f'{r1} + ({k})')})"
+    hi = f"({order_stat(f'{r2} + ({k})')} - {order_stat(f'{r1} - ({k})')})"
+    return lo, hi
+
+
+def bin_of(v: str, edges: tuple[int, ...]) -> str:
+    return f"arrayCount(__dp_e -> __dp_e <= ({v}), [{', '.join(str(e) for e in edges)}])"
+
+
+def gap_stability(p1: Fraction, p2: Fraction, edges: tuple[int, ...], step: int, cap: int) -> str:
+    """A = min{u ≥ 0: [lo_{uK}, hi_{uK}] leaves the gap's bin} (capped): sensitivity 1 in units;
+    A ≥ 2 ⟹ every unit neighbour's gap is in the same bin (docs/PTR.md, Lemma P1)."""
+    lo, hi = gap_bounds(p1, p2, f"__dp_u * {step}")
+    return first_failure(f"{bin_of(lo, edges)} != {bin_of(hi, edges)}", cap)
+
+
+def gap_value(p1: Fraction, p2: Fraction) -> str:
+    r1, r2 = rank(p1), rank(p2)
+    return f"({order_stat(r2)} - {order_stat(r1)})"
+
+
+def scale_sql(groups_sql: str, p1: Fraction, p2: Fraction, step: int, discs: list[tuple[tuple[int, ...], NoisyTest]],
+              release: LaplaceMechanism) -> str:
+    """M_IQR in one query: per discretisation d, the noisy test ``A_d + Z_d ≥ T`` and the noisy
+    log-gap ``ln g + L_d`` (g > 0; g = 0 releases 0). ``branch`` = the first d that passed, 0 if
+    none; ``value`` = exp(noisy log-gap) in bucket units, NULL for ⊥. Each noisy value is computed
+    once, in the inner SELECT."""
+    g = gap_value(p1, p2)
+    cols = [f"{g} AS __dp_g"]
+    for d, (edges, test) in enumerate(discs, 1):
+        cols.append(f"{test.sql(gap_stability(p1, p2, edges, step, test.cap))} AS __dp_t{d}")
+        cols.append(f"{release.sql('if(__dp_g > 0, log(toFloat64(__dp_g)), 0.)')} AS __dp_v{d}")
+    inner = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)"
+    branch, value = "toUInt8(0)", "CAST(NULL AS Nullable(Float64))"
+    for d in range(len(discs), 0, -1):
+        branch = f"if(__dp_t{d} = 1, toUInt8({d}), {branch})"
+        value = f"if(__dp_t{d} = 1, toNullable(if(__dp_g > 0, exp(__dp_v{d}), 0.)), {value})"
+    return with_settings(f"SELECT {branch} AS branch, {value} AS value\nFROM (\n{_indent(inner)}\n)")
+
+
+# -- PTR functions with a proposed bound β: median, trimmed mean -----------------------------------
+
+def median_width(k: str) -> str:
+    """W_k = x_(r+k) − x_(r−k), r = ⌈n/2⌉: every dataset within k rows has its median in
+    [x_(r−k), x_(r+k)] (docs/PTR.md)."""
+    r = rank(Fraction(1, 2))
+    return f"toFloat64({order_stat(f'{r} + ({k})')} - {order_stat(f'{r} - ({k})')})"
+
+
+def median_value() -> str:
+    return f"toFloat64({order_stat(rank(Fraction(1, 2)))})"
+
+
+def prefix_sum(j: str) -> str:
+    """Σ_{i ≤ j} x_(i) over the extended order statistics with index ≥ 1 (0 for j ≤ 0)."""
+    return (f"if(({j}) <= 0, toInt64(0), if(({j}) <= n, ps[toUInt64(least({j}, n)) + 1], "
+            f"ps[toUInt64(n) + 1] + (({j}) - n) * {TOP}))")
+
+
+def window_mean(alpha: Fraction, size: str, shift: str) -> str:
+    """(1/m) Σ_{i=a+1}^{size−a} x_(i+shift), a = ⌊α·size/2⌋, m = size − 2a (0 if m = 0): the
+    α-trimmed mean of a sorted sample of ``size`` rows, its order statistics shifted by ``shift``."""
+    a = f"intDiv({alpha.numerator} * ({size}), {2 * alpha.denominator})"
+    m = f"(({size}) - 2 * {a})"
+    s = f"({prefix_sum(f'({size}) - {a} + ({shift})')} - {prefix_sum(f'{a} + ({shift})')})"
+    return f"if({m} <= 0, 0., toFloat64({s}) / {m})"
+
+
+def trimmed_width(alpha: Fraction, k: str) -> str:
+    """U_k − L_k: max over sizes n′ ∈ [n−k, n+k] of the window mean of x_(i+k), minus the min of
+    the window mean of x_(i−k): every dataset within k rows has its trimmed mean in [L_k, U_k]."""
+    sizes = f"range(toUInt64(greatest(toInt64(0), n - ({k}))), toUInt64(n + ({k}) + 1))"
+    hi = f"arrayMax(arrayMap(__dp_s -> {window_mean(alpha, '__dp_s', k)}, {sizes}))"
+    lo = f"arrayMin(arrayMap(__dp_s -> {window_mean(alpha, '__dp_s', f'-({k})')}, {sizes}))"
+    return f"({hi} - {lo})"
+
+
+def trimmed_value(alpha: Fraction) -> str:
+    return window_mean(alpha, "n", "0")
+
+
+def bound_stability(width_of_k, step: int, beta: float, cap: int) -> str:
+    """D = min{u ≥ 0: W_{(u+1)K} > β} (capped): sensitivity 1 in units; D ≥ 1 ⟹ W_K ≤ β, so every
+    unit neighbour's statistic is within β (docs/PTR.md, Lemma P2)."""
+    return first_failure(f"{width_of_k(f'(__dp_u + 1) * {step}')} > {float(beta)!r}", cap)
+
+
+def proposal_sql(groups_sql: str, width_of_k, value_sql: str, step: int, beta: float, test: NoisyTest,
+                 release: LaplaceMechanism) -> str:
+    """One PTR function: ``branch`` 1 iff D + Z ≥ T, ``value`` = statistic + Laplace noise
+    (bucket units), NULL for ⊥."""
+    inner = (f"SELECT {test.sql(bound_stability(width_of_k, step, beta, test.cap))} AS __dp_t1, "
+             f"{release.sql(value_sql)} AS __dp_v1\nFROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)")
+    return with_settings("SELECT toUInt8(__dp_t1) AS branch, if(__dp_t1 = 1, toNullable(__dp_v1), NULL) AS value\n"
+                         f"FROM (\n{_indent(inner)}\n)")
