@@ -41,7 +41,8 @@ setup(
         "numpy>=1.26",
         "pandas>=2.0",
         "Cython>=3.0",
-        "sqlglot>=25",
+        # the mypyc-compiled build (sqlglotc, the "c" extra): parsing 3.8x, SQL generation 1.8x faster
+        "sqlglot[c]>=30.30",
         "scipy>=1.11",
         "scikit-learn>=1.4",
         "matplotlib>=3.8",

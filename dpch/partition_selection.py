@@ -68,27 +68,27 @@ OPTIMAL_SOURCE = ("Desfontaines, Voss, Gipson & Mandayam, Differentially private
 
 def exp_lower(x: Fraction, bits: int = EXP_BITS) -> Fraction:
     """A rational r <= e^x for x >= 0 (rigorous): the Taylor series of e^y at y = x/2^s <= 1/16
-    truncated (all terms are positive, so the partial sum is below e^y), floored to the grid
-    2^-bits, then squared s times with flooring (a lower bound squared is a lower bound of the
-    square). Relative error below 2^(s+2-bits)."""
+    truncated (all terms are positive, so the partial sum is below e^y), each term floored on the
+    grid 2^-(bits+16) (a floored term is below the exact one, and so is every later term built from
+    it), the sum floored to the grid 2^-bits, then squared s times with flooring (a lower bound
+    squared is a lower bound of the square). Integer arithmetic only (the planner calls it once per
+    (ε, δ) it plans for). Relative error below 2^(s+2-bits)."""
     if x < 0:
         raise ValueError("exp_lower needs x >= 0")
+    x = Fraction(x)
     s = 0
-    y = Fraction(x)
-    while y > Fraction(1, 16):
-        y /= 2
+    while x > Fraction(1 << s, 16):  # the least s with y = x/2^s <= 1/16
         s += 1
+    p, q = x.numerator, x.denominator << s  # y = p/q
+    extra = 16  # guard bits: the floored terms (at most ~40 of them) lose < 2^-(bits+10) in all
     g = 1 << bits
-    total = Fraction(1)
-    term = Fraction(1)
+    term = total = g << extra
     j = 1
-    while True:
-        term = term * y / j
+    while term:
+        term = term * p // (q * j)
         total += term
         j += 1
-        if term * g < Fraction(1, 1 << 8):
-            break
-    v = total.numerator * g // total.denominator
+    v = total >> extra
     for _ in range(s):
         v = v * v // g
     return Fraction(v, g)
