@@ -8,7 +8,7 @@ import sys
 
 from .errors import DPCHError
 
-SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit", "load", "serve", "users", "svt"]
+SUBCOMMAND_MODULES = ["demo", "query", "budget", "audit", "load", "serve", "users", "svt", "ptr", "block", "refine"]
 
 
 def package_version() -> str:

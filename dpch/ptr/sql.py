@@ -80,18 +80,29 @@ def gap_value(p1: Fraction, p2: Fraction) -> str:
     return f"({order_stat(r2)} - {order_stat(r1)})"
 
 
+def _noise_from(stats_sql: str, runs: int) -> tuple[str, str]:
+    """(FROM clause, per-row term) for the noise level: one row, or ``runs`` independent runs of
+    the same statistics (the audit's fast path: a per-row term keeps each UDF call per row)."""
+    if runs == 1:
+        return f"FROM (\n{_indent(stats_sql)}\n)", ""
+    return f"FROM (\n{_indent(stats_sql)}\n)\nCROSS JOIN numbers({int(runs)})", " + 0 * toInt64(number)"
+
+
 def scale_sql(groups_sql: str, p1: Fraction, p2: Fraction, step: int, discs: list[tuple[tuple[int, ...], NoisyTest]],
-              release: LaplaceMechanism) -> str:
-    """M_IQR in one query: per discretisation d, the noisy test ``A_d + Z_d ≥ T`` and the noisy
-    log-gap ``ln g + L_d`` (g > 0; g = 0 releases 0). ``branch`` = the first d that passed, 0 if
-    none; ``value`` = exp(noisy log-gap) in bucket units, NULL for ⊥. Each noisy value is computed
-    once, in the inner SELECT."""
-    g = gap_value(p1, p2)
-    cols = [f"{g} AS __dp_g"]
-    for d, (edges, test) in enumerate(discs, 1):
-        cols.append(f"{test.sql(gap_stability(p1, p2, edges, step, test.cap))} AS __dp_t{d}")
-        cols.append(f"{release.sql('if(__dp_g > 0, log(toFloat64(__dp_g)), 0.)')} AS __dp_v{d}")
-    inner = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)"
+              release: LaplaceMechanism, runs: int = 1) -> str:
+    """M_IQR in one query: the statistics once (gap g, A_d per discretisation d), then per d the
+    noisy test ``A_d + Z_d ≥ T`` and the noisy log-gap ``ln g + L_d`` (g > 0; g = 0 releases 0),
+    each noisy value computed once in its own level. ``branch`` = the first d that passed, 0 if
+    none; ``value`` = exp(noisy log-gap) in bucket units, NULL for ⊥."""
+    stats = [f"{gap_value(p1, p2)} AS __dp_g"] + [
+        f"{gap_stability(p1, p2, edges, step, test.cap)} AS __dp_a{d}" for d, (edges, test) in enumerate(discs, 1)]
+    stats_sql = f"SELECT {', '.join(stats)}\nFROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)"
+    src, row = _noise_from(stats_sql, runs)
+    cols = ["__dp_g"]
+    for d, (_, test) in enumerate(discs, 1):
+        cols.append(f"{test.sql(f'__dp_a{d}{row}')} AS __dp_t{d}")
+        cols.append(f"{release.sql(f'if(__dp_g > 0, log(toFloat64(__dp_g)), 0.){row}')} AS __dp_v{d}")
+    inner = f"SELECT {', '.join(cols)}\n{src}"
     branch, value = "toUInt8(0)", "CAST(NULL AS Nullable(Float64))"
     for d in range(len(discs), 0, -1):
         branch = f"if(__dp_t{d} = 1, toUInt8({d}), {branch})"
@@ -147,10 +158,13 @@ def bound_stability(width_of_k, step: int, beta: float, cap: int) -> str:
 
 
 def proposal_sql(groups_sql: str, width_of_k, value_sql: str, step: int, beta: float, test: NoisyTest,
-                 release: LaplaceMechanism) -> str:
-    """One PTR function: ``branch`` 1 iff D + Z ≥ T, ``value`` = statistic + Laplace noise
-    (bucket units), NULL for ⊥."""
-    inner = (f"SELECT {test.sql(bound_stability(width_of_k, step, beta, test.cap))} AS __dp_t1, "
-             f"{release.sql(value_sql)} AS __dp_v1\nFROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)")
+                 release: LaplaceMechanism, runs: int = 1) -> str:
+    """One PTR function: the statistics once (D, the statistic), then the noisy test and the noisy
+    release; ``branch`` 1 iff D + Z ≥ T, ``value`` = statistic + Laplace noise (bucket units),
+    NULL for ⊥."""
+    stats_sql = (f"SELECT {bound_stability(width_of_k, step, beta, test.cap)} AS __dp_d, {value_sql} AS __dp_x\n"
+                 f"FROM (\n{_indent(sorted_rows_sql(groups_sql))}\n)")
+    src, row = _noise_from(stats_sql, runs)
+    inner = f"SELECT {test.sql(f'__dp_d{row}')} AS __dp_t1, {release.sql(f'__dp_x{row}')} AS __dp_v1\n{src}"
     return with_settings("SELECT toUInt8(__dp_t1) AS branch, if(__dp_t1 = 1, toNullable(__dp_v1), NULL) AS value\n"
                          f"FROM (\n{_indent(inner)}\n)")
