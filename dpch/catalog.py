@@ -9,7 +9,8 @@ Per table (qualified as ``database.table``):
   ``"substitute"`` (D' replaces one unit's rows by arbitrary other rows). Sensitivities follow from
   it (docs/CONTROLLER.md, "Sensitivity");
 - ``bounds``: per-column clipping bounds ``(lo, hi)``. Columns may be registered without bounds;
-  an aggregate that needs one is then rejected with a message naming the bound to declare;
+  an aggregate that needs one is then rejected with a message naming the bound to declare. A key
+  ``"length(col)"`` of a String column declares bounds of its length in bytes (``AVG(length(URL))``);
 - ``max_groups_contributed`` (k): how many GROUP BY groups one unit may contribute to;
 - ``max_rows_per_unit`` (m): how many rows of one unit reach the aggregation, over all its groups
   (a unit with more rows has its contribution scaled down to m rows' worth: a per-unit clamp);
@@ -104,6 +105,20 @@ def is_numeric_type(ch_type: str) -> bool:
 # |bound| limit: a released sum is at most 2^63 grid units of g ≤ 2^(log2|bound| - 19), which must stay
 # below 2^1024 (the largest Float64) with room for the noise: 900 + 63 - 19 < 1024.
 MAX_ABS_BOUND = 2.0 ** 900
+
+
+_LENGTH_KEY_RE = re.compile(r"^\s*length\s*\(\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\)\s*$", re.IGNORECASE)
+
+
+def length_bound_key(column: str) -> str:
+    """The ``bounds`` key under which the catalog keeps declared bounds of ``length(column)``
+    (bytes) for a String column, e.g. ``bounds={"length(URL)": (0, 4096)}``."""
+    return f"length({column})"
+
+
+def is_string_type(ch_type: str) -> bool:
+    t = base_type(ch_type)
+    return t == "String" or t.startswith("FixedString(")
 
 
 def literal_sql(value: Any) -> str:
@@ -224,6 +239,9 @@ class TableEntry:
             if name in self.bounds:
                 lo, hi = self.bounds[name]
                 extra += f"  bounds [{lo!r}, {hi!r}]"
+            if length_bound_key(name) in self.bounds:
+                lo, hi = self.bounds[length_bound_key(name)]
+                extra += f"  length bounds [{lo!r}, {hi!r}]"
             if name in self.public_keys:
                 extra += f"  public keys ({len(self.public_keys[name])})"
             if name == self.privacy_unit:
@@ -447,9 +465,17 @@ class Catalog:
 
         checked_bounds: dict[str, tuple[float, float]] = {}
         for col, pair in (bounds or {}).items():
-            if col not in registered:
+            length_of = _LENGTH_KEY_RE.match(col) if isinstance(col, str) else None
+            if length_of is not None:
+                # bounds of a derived value: length(<String column>) in bytes (AVG(length(URL)))
+                target = length_of.group(1)
+                if target not in registered or not is_string_type(registered[target]):
+                    raise CatalogError(f"bounds given for {col!r}: {target!r} is not a registered String column "
+                                       f"of {qualified}")
+                col = length_bound_key(target)
+            elif col not in registered:
                 raise CatalogError(f"bounds given for {col!r}, which is not a registered column of {qualified}")
-            if not is_numeric_type(registered[col]):
+            elif not is_numeric_type(registered[col]):
                 raise CatalogError(f"bounds given for {col!r}, which is not numeric ({registered[col]})")
             try:
                 lo, hi = pair
@@ -460,6 +486,8 @@ class Catalog:
                 raise CatalogError(f"bounds of {col!r} must be finite numbers")
             if lo_f > hi_f:
                 raise CatalogError(f"bounds of {col!r}: the lower bound must not exceed the upper bound")
+            if length_of is not None and lo_f < 0:
+                raise CatalogError(f"bounds of {col!r}: a length is not negative")
             if max(abs(lo_f), abs(hi_f)) > MAX_ABS_BOUND:
                 raise CatalogError(f"bounds of {col!r}: |lo| and |hi| must be at most 2^900 (≈ 8.5e270), so that a "
                                    f"sum of up to 2^63 fixed-point units stays a finite Float64; rescale the column")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from sqlglot import exp
 
 from ..bind import func_name, sql_of
-from ..catalog import TableEntry, base_type, is_integer_type, is_nullable, quote_ident
+from ..catalog import TableEntry, base_type, is_integer_type, is_nullable, is_string_type, length_bound_key, quote_ident
 from ..errors import QueryRejected
 
 # Implicit bounds from small integer types (documented in docs/CONTROLLER.md).
@@ -512,6 +512,36 @@ def _int_cast(b: _Bounder, n: exp.Anonymous) -> Bounded:
     return _int_conversion(b, iv, s, _INT_CASTS[func_name(n).lower()])
 
 
+def _length(b: _Bounder, n: exp.Expression) -> Bounded:
+    """``length(s)`` (bytes) or ``lengthUTF8(s)``/``char_length(s)`` (code points, never more than
+    the bytes) of a String column: the declared bounds ``length(col)`` of the catalog, or N for a
+    FixedString(N); clipped to them in SQL, so the bound holds by construction (Remark 1 as for a
+    column) whatever the data."""
+    arg = _operand(n)
+    bytes_ = isinstance(n, exp.Length) and bool(n.args.get("binary"))
+    fname = "length" if bytes_ else "lengthUTF8"
+    if not isinstance(arg, exp.Column):
+        raise b.reject(f"{fname}() is bounded only of a String column (declared bounds 'length(col)')")
+    typ = b.entry.columns.get(arg.name, "")
+    if not is_string_type(typ):
+        raise b.reject(f"{fname}({arg.name}) is bounded only for a String column")
+    if is_nullable(typ):
+        b.nullable = True
+    declared = b.entry.bounds.get(length_bound_key(arg.name))
+    bt = base_type(typ)
+    if declared is not None:
+        lo, hi = declared
+    elif bt.startswith("FixedString("):
+        lo = hi = float(int(bt[len("FixedString("):-1]))  # exactly N bytes (code points <= N: clipped)
+    else:
+        raise b.reject(f"cannot bound {fname}({arg.name}): it needs bounds on the length of {arg.name!r}: "
+                       f"declare them in the catalog, e.g. db.catalog.register({b.entry.table!r}, ..., "
+                       f"bounds={{{length_bound_key(arg.name)!r}: (0, hi)}})")
+    # UInt64 has no common type with Float64: convert first (a length is far below 2^53)
+    return (lo, hi), (f"least(greatest(toFloat64({fname}({quote_ident(arg.name)})), {float_literal(lo)}), "
+                      f"{float_literal(hi)})")
+
+
 def _predicate(b: _Bounder, n: exp.Expression) -> Bounded:
     # a predicate: 0 or 1 (NULL when an operand is NULL); may read any registered column
     return (0.0, 1.0), f"toUInt8({sql_of(n)})"
@@ -562,6 +592,7 @@ _RULES = _table(
     (("accuratecastornull",), _accurate_cast_or_null),
     (tuple(sorted(_IDENTITY_CASTS)), _identity_cast),
     (tuple(_INT_CASTS), _int_cast),
+    ((exp.Length, "lengthutf8"), _length),
     ((*_BOOLEAN_NODES, *sorted(_BOOLEAN_FUNCS)), _predicate),
 )
 

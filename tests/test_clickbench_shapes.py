@@ -1,0 +1,176 @@
+"""Query shapes of the ClickBench-style workload (issue 17) that the controller learned to answer:
+
+* ``GROUP BY 1`` where position 1 (or an alias) names a constant SELECT item (ClickBench Q34,
+  ``SELECT 1, URL, COUNT(*) ... GROUP BY 1, URL``): the constant splits no group and is dropped
+  from the keys; the item stays a constant output;
+* ``length(col)`` / ``lengthUTF8(col)`` / ``char_length(col)`` inside an aggregate (Q27,
+  ``AVG(length(URL))``): bounded by the catalog's declaration ``bounds={"length(URL)": (lo, hi)}``
+  or by N for a FixedString(N), clipped to them in SQL.
+
+The sensitivity checks run the rewritten query with the noise off on D and D′ (D without one unit,
+whose string is 10 000 bytes long, far above the declared 64) and compare the un-noised quantities
+with the planner's declared L1 and with an independently computed number (M · 64 bytes).
+"""
+from __future__ import annotations
+
+import pytest
+
+from dpch.bind import bind
+from dpch.errors import CatalogError, QueryRejected
+from dpch.parse import parse
+from dpch.plan import QueryOptions, make_plan
+from dpch.plan.bounds import bound_expression
+from dpch.rewrite import rewrite_for_sensitivity_check
+
+DB = "t_cbshapes"
+T = f"{DB}.hits"
+M = 3
+HEAVY = 7  # the unit whose long strings D′ removes
+LONG = 10_000
+
+
+@pytest.fixture(scope="module")
+def cdb(db):
+    db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    db.command(f"DROP TABLE IF EXISTS {T}")
+    db.command(f"CREATE TABLE {T} (user_id UInt64, s String, fs FixedString(8), ns Nullable(String), "
+               "region String, x Float64) ENGINE = MergeTree ORDER BY user_id")
+    # 40 units x 5 rows; strings of 1..40 bytes; unit HEAVY's strings are LONG bytes
+    db.command(f"INSERT INTO {T} SELECT intDiv(number, 5) AS user_id, "
+               f"if(user_id = {HEAVY}, repeat('z', {LONG}), repeat('a', 1 + number % 40)) AS s, "
+               "toFixedString('abc', 8) AS fs, if(number % 3 = 0, NULL, 'xy') AS ns, "
+               "['a', 'b'][1 + number % 2] AS region, toFloat64(number % 10) AS x FROM numbers(200)")
+    db.catalog.register(T, privacy_unit="user_id", bounds={"x": (0, 10), "LENGTH(`s`)": (0, 64)},
+                        max_groups_contributed=1, max_rows_per_unit=M, public_keys={"region": ["a", "b"]})
+    db.ledger.set_budget(db.analyst, T, epsilon=1e6, delta=0.5)
+    db.command(f"DROP TABLE IF EXISTS {DB}.hits_minus")
+    db.command(f"CREATE TABLE {DB}.hits_minus AS {T}")
+    db.command(f"INSERT INTO {DB}.hits_minus SELECT * FROM {T} WHERE user_id != {HEAVY}")
+    return db
+
+
+def _plan(db, sql, delta=0.0):
+    return make_plan(bind(parse(sql), db.catalog.get(T)), 1.0, delta, QueryOptions())
+
+
+# -- GROUP BY a constant SELECT item ------------------------------------------------------------------
+
+def test_group_by_position_of_a_constant_drops_the_key(cdb):
+    entry = cdb.catalog.get(T)
+    b = bind(parse(f"SELECT 1, region, COUNT(*) AS c FROM {T} GROUP BY 1, region ORDER BY c DESC LIMIT 1"), entry)
+    assert [k.sql for k in b.keys] == ["region"]
+    assert [o.kind for o in b.outputs] == ["constant", "key", "aggregate"]
+    same = bind(parse(f"SELECT 1, region, COUNT(*) AS c FROM {T} GROUP BY region ORDER BY c DESC LIMIT 1"), entry)
+    assert [k.sql for k in same.keys] == [k.sql for k in b.keys] and b.grouped == same.grouped
+
+
+def test_only_constant_keys_is_an_ungrouped_query(cdb):
+    """All keys constant = no GROUP BY: exactly one row, even where no row matches (a group that
+    exists only when rows do would tell whether unit HEAVY has a row)."""
+    entry = cdb.catalog.get(T)
+    b = bind(parse(f"SELECT 'k' AS one, COUNT(*) AS n FROM {T} GROUP BY one"), entry)
+    assert b.keys == () and not b.grouped
+    for where in (f"user_id = {HEAVY}", "user_id = 100000"):
+        df = cdb.query(f"SELECT 'k' AS one, COUNT(*) AS n FROM {T} WHERE {where} GROUP BY 1", epsilon=1.0)
+        assert list(df.columns) == ["one", "n"] and len(df) == 1 and df["one"].iloc[0] == "k"
+
+
+def test_q34_shape_answers_with_the_constant_column(cdb):
+    df = cdb.query(f"SELECT 1, region, COUNT(*) AS c FROM {T} GROUP BY 1, region ORDER BY c DESC LIMIT 10",
+                   epsilon=1.0)
+    assert list(df.columns) == ["1", "region", "c"]
+    assert sorted(df["region"]) == ["a", "b"] and set(df["1"]) == {1}
+
+
+@pytest.mark.parametrize("sql, message", [
+    (f"SELECT COUNT(*) FROM {T} GROUP BY 'x'", "GROUP BY a constant is not supported"),
+    (f"SELECT COUNT(*) FROM {T} GROUP BY 1 + 1", "a key must depend on a column"),
+    (f"SELECT region, COUNT(*) AS c FROM {T} GROUP BY 2", "grouping by an aggregate"),
+    (f"SELECT 1, COUNT(*) FROM {T} GROUP BY 3", "position 3 is out of range"),
+])
+def test_other_constant_keys_stay_rejected(cdb, sql, message):
+    with pytest.raises(QueryRejected, match=message):
+        cdb.explain(sql, epsilon=1.0)
+
+
+# -- length() bounds ----------------------------------------------------------------------------------
+
+def test_catalog_length_bounds_are_normalised_and_stored(cdb):
+    entry = cdb.catalog.get(T)
+    assert entry.bounds["length(s)"] == (0.0, 64.0)
+    cdb.catalog.refresh()
+    assert cdb.catalog.get(T).bounds["length(s)"] == (0.0, 64.0)  # read back from dpch_meta
+    assert "length bounds [0.0, 64.0]" in entry.describe()
+
+
+@pytest.mark.parametrize("bounds, message", [
+    ({"length(x)": (0, 10)}, "'x' is not a registered String column"),
+    ({"length(nope)": (0, 10)}, "'nope' is not a registered String column"),
+    ({"length(s)": (-1, 10)}, "a length is not negative"),
+    ({"length(s)": (10, 1)}, "lower bound must not exceed"),
+    ({"s": (0, 10)}, "not numeric"),
+])
+def test_catalog_rejects_bad_length_bounds(cdb, bounds, message):
+    with pytest.raises(CatalogError, match=message):
+        cdb.catalog.register(T, privacy_unit="user_id", bounds=bounds)
+    assert cdb.catalog.get(T).bounds["length(s)"] == (0.0, 64.0)  # nothing changed
+
+
+@pytest.mark.parametrize("expr, interval, nullable", [
+    ("length(s)", (0.0, 64.0), False),
+    ("lengthUTF8(s)", (0.0, 64.0), False),
+    ("char_length(s)", (0.0, 64.0), False),
+    ("length(fs)", (8.0, 8.0), False),     # FixedString(8): always 8 bytes
+    ("length(s) * 2 + 1", (1.0, 129.0), False),
+])
+def test_bound_expression_of_lengths(cdb, expr, interval, nullable):
+    entry = cdb.catalog.get(T)
+    node = parse(f"SELECT SUM({expr}) FROM {T}").select.expressions[0].this
+    iv, sql, nul = bound_expression(node, entry, f"SUM({expr})")
+    assert iv == interval and nul == nullable
+    assert "least(greatest(toFloat64(length" in sql
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("length(ns)", "needs bounds on the length of 'ns'"),      # no declaration
+    ("length(concat(s, s))", "bounded only of a String column"),
+    ("length(x)", "bounded only for a String column"),
+])
+def test_unbounded_lengths_are_rejected_naming_the_declaration(cdb, expr, message):
+    with pytest.raises(QueryRejected, match=message) as e:
+        cdb.explain(f"SELECT AVG({expr}) FROM {T}", epsilon=1.0)
+    if "needs bounds" in message:
+        assert "bounds={'length(ns)': (0, hi)}" in str(e.value)
+
+
+def _quantities(db, plan, table):
+    rw = rewrite_for_sensitivity_check(plan, table=table)
+    df = db.raw_query(rw.sql)
+    return {tuple(str(df[o.name].iloc[i]) for o in plan.bound.outputs if o.kind == "key"):
+            [int(df[c].iloc[i]) for c in rw.internal_columns] for i in range(len(df))}
+
+
+@pytest.mark.parametrize("sql", [
+    f"SELECT SUM(length(s)) AS l FROM {T}",
+    f"SELECT region, AVG(lengthUTF8(s)) AS l, COUNT(*) AS c FROM {T} GROUP BY region",
+])
+def test_long_strings_move_the_sums_by_at_most_the_declared_bound(cdb, sql):
+    """D′ drops unit HEAVY (strings of 10 000 bytes): each un-noised quantity moves by at most its
+    declared L1, which is M · 64 bytes on the grid for a length sum (computed here independently:
+    the unit keeps M = 3 rows, each clipped to the declared 64), and the heavy unit does move it."""
+    plan = _plan(cdb, sql)
+    d, d_minus = _quantities(cdb, plan, None), _quantities(cdb, plan, f"{DB}.hits_minus")
+    moved = False
+    for q in plan.quantities:
+        if q.kind == "sum" and q.value_interval == (0.0, 64.0) and q.centre == 0.0:
+            assert q.l1 * q.grid == M * 64  # the paper's Remark 1 bound, in bytes
+        diff = sum(abs(d.get(k, [0] * len(plan.quantities))[q.index] - d_minus.get(k, [0] * len(plan.quantities))[q.index])
+                   for k in set(d) | set(d_minus))
+        assert diff <= q.l1, (q.label, diff, q.l1)
+        moved = moved or diff > 0
+    assert moved
+
+
+def test_avg_length_answers_inside_the_bounds(cdb):
+    df = cdb.query(f"SELECT AVG(length(s)) AS l FROM {T}", epsilon=1.0)
+    assert 0.0 <= float(df["l"].iloc[0]) <= 64.0
