@@ -148,6 +148,16 @@ class Connection:
         return run_ptr(self, "trimmed_mean", table, column, epsilon=epsilon, delta=delta, where=where, alpha=alpha,
                        bound=bound, rows_hint=rows_hint, **options)
 
+    def block_dp(self, dataset: str, column: str, *, epsilon: float, statistic: str = "median",
+                 mechanism: str = "block_dp_2", blocks: int = 10, ci_level: float = 0.95):
+        """A Block-DP I/II mean or median of ``column`` (thesis §5.4, corrected: dpch.block_dp,
+        docs/NOISE.md): ε-DP under the catalog's privacy unit and neighbour relation, charged
+        before it runs; returns a ``dpch.block_dp.BlockDPResult``."""
+        from .block_dp import block_dp
+
+        return block_dp(self, dataset, column, epsilon=epsilon, statistic=statistic, mechanism=mechanism,
+                        blocks=blocks, ci_level=ci_level)
+
     def explain(self, sql: str, *, epsilon: float, delta: float = 0.0, **options):
         """Show the rewritten SQL, per-aggregate sensitivity, mechanism and budget split. Executes
         nothing and charges nothing."""

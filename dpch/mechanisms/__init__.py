@@ -18,12 +18,13 @@ and a confidence-interval half-width for the released value. All of these are po
 public facts: none costs privacy.
 
 One module per family: ``base`` (PrivacyLoss, shared checks), ``laplace``, ``gaussian``,
-``selection`` (exponential mechanism, quantiles, top-n), ``bounded_laplace`` and ``mixed`` (the
-thesis mechanisms), ``intervals`` (§5.7 confidence intervals). Import from ``dpch.mechanisms``.
+``selection`` (exponential mechanism, quantiles, top-n), ``bounded_laplace``, ``mixed`` and
+``block`` (the thesis mechanisms), ``intervals`` (§5.7 confidence intervals). Import from ``dpch.mechanisms``.
 """
 from __future__ import annotations
 
 from dpch.mechanisms.base import PrivacyLoss
+from dpch.mechanisms.block import BlockDP1Mechanism, BlockDP2Mechanism
 from dpch.mechanisms.bounded_laplace import (BL_FALLBACK_LOG2, BL_MAX_CANDIDATES, BL_MAX_UNITS,
                                              BoundedLaplaceMechanism, bl_candidates,
                                              bounded_grid_epsilon, bounded_laplace_candidates)
@@ -37,4 +38,4 @@ __all__ = ["PrivacyLoss", "LaplaceMechanism", "GaussianMechanism", "ExponentialM
            "QuantileMechanism", "TopKMechanism", "BoundedLaplaceMechanism", "MixedNoiseMechanism",
            "QUANTILE_BUCKETS", "QUANTILE_SCALE", "BL_FALLBACK_LOG2", "BL_MAX_CANDIDATES",
            "BL_MAX_UNITS", "bl_candidates", "bounded_grid_epsilon", "bounded_laplace_candidates",
-           "thesis_mnm_threshold"]
+           "thesis_mnm_threshold", "BlockDP1Mechanism", "BlockDP2Mechanism"]
