@@ -120,6 +120,30 @@ def test_mark_outcomes_keep_the_charge(ledger):
     ledger.mark(r1, "executed")  # idempotent
 
 
+def test_mark_skips_the_fsync_but_charges_stay_fully_synchronous(ledger):
+    """A mark commits with synchronous=NORMAL (its loss is conservative: the charge stays
+    "reserved", counted in full); every other write, a charge above all, must still commit with
+    synchronous=FULL. PRAGMA synchronous reads 2 for FULL, 1 for NORMAL."""
+    conn = ledger.store._live().conn
+    seen = []
+
+    def spy(txn):
+        seen.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    ledger.set_budget("alice", "purchases", 1.0)
+    r = ledger.charge("alice", "purchases", q(lap(0.5)), "q1")
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    ledger.store.transaction(spy, durable=False)
+    ledger.store.transaction(spy)
+    assert seen == [1, 2]
+    ledger.mark(r, "executed")
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # restored after the mark
+    with pytest.raises(InvalidParameter):
+        ledger.mark(r, "failed")  # a refused mark restores it too
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert [h.outcome for h in ledger.history()] == ["executed"]
+
+
 def test_reset_needs_confirmation_and_is_recorded(ledger):
     ledger.set_budget("alice", "purchases", 1.0)
     ledger.charge("alice", "purchases", q(lap(1.0)), "q1")

@@ -264,7 +264,10 @@ class Ledger:
                 return  # settled implies executed
             txn.update_charge(replace(rec, outcome=outcome, updated_at=time.time()))
             txn.add_event("mark", rec.analyst, rec.dataset, rec.id, {"outcome": outcome, "charge_kept": True})
-        self.store.transaction(fn)
+        # Not fsynced: the charge itself already is, and losing this mark to a power cut leaves the
+        # charge "reserved", which counts in full like "executed" (fail closed). Saves one fsync
+        # (~4 ms here) per query; the next durable commit or checkpoint persists it.
+        self.store.transaction(fn, durable=False)
 
     def _charge_for(self, txn: LedgerTxn, receipt: Receipt) -> ChargeRecord:
         rec = txn.get_charge(receipt.id)

@@ -243,24 +243,36 @@ class _SharedConnection:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
 
-    def transaction(self, fn: Callable[[SQLiteTxn], T]) -> T:
+    def transaction(self, fn: Callable[[SQLiteTxn], T], *, durable: bool = True) -> T:
         with self.lock:
             conn = self._usable()
-            self._check_wal()
-            self._begin_immediate(conn)
+            if durable:
+                return self._transaction(conn, fn)
+            conn.execute("PRAGMA synchronous=NORMAL")  # this commit does not wait for its fsync
             try:
-                result = fn(SQLiteTxn(conn, self.path, self.row_cache))
-                self._check_wal()  # the write lock is held: the WAL we are about to commit to is live
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise LedgerError(f"ledger {self.path} failed during a transaction ({exc}); nothing was "
-                                      f"recorded and the query must not run") from None
-                raise
-            self._check_wal()  # after the commit: a WAL unlinked meanwhile means it may be lost
-            return result
+                return self._transaction(conn, fn)
+            finally:
+                try:
+                    conn.execute("PRAGMA synchronous=FULL")
+                except sqlite3.Error as exc:  # later charges must never commit without an fsync
+                    self.broken = f"ledger {self.path}: could not restore synchronous=FULL ({exc})"
+
+    def _transaction(self, conn: sqlite3.Connection, fn: Callable[[SQLiteTxn], T]) -> T:
+        self._check_wal()
+        self._begin_immediate(conn)
+        try:
+            result = fn(SQLiteTxn(conn, self.path, self.row_cache))
+            self._check_wal()  # the write lock is held: the WAL we are about to commit to is live
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"ledger {self.path} failed during a transaction ({exc}); nothing was "
+                                  f"recorded and the query must not run") from None
+            raise
+        self._check_wal()  # after the commit: a WAL unlinked meanwhile means it may be lost
+        return result
 
     def read(self, fn: Callable[[SQLiteTxn], T]) -> T:
         with self.lock:
@@ -390,8 +402,11 @@ class SQLiteLedgerStore:
             raise LedgerError(f"ledger {self.path} is closed")
         return self._shared
 
-    def transaction(self, fn: Callable[[SQLiteTxn], T]) -> T:
-        return self._live().transaction(fn)
+    def transaction(self, fn: Callable[[SQLiteTxn], T], *, durable: bool = True) -> T:
+        """``durable=False``: the commit does not wait for its fsync (WAL, synchronous=NORMAL). It
+        stays atomic and is made durable by the next durable commit or checkpoint; a power loss
+        may undo it. Only for records whose loss is conservative (a query's outcome mark)."""
+        return self._live().transaction(fn, durable=durable)
 
     def read(self, fn: Callable[[SQLiteTxn], T]) -> T:
         return self._live().read(fn)

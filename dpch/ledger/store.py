@@ -27,12 +27,13 @@ class LedgerTxn(Protocol):
 
 class LedgerStore(Protocol):
     """A linearizable store. `transaction(fn)` runs fn(txn) as ONE serializable transaction and
-    returns its result; if fn raises, nothing it wrote is kept. A store may call fn more than once
+    returns its result; if fn raises, nothing it wrote is kept. ``durable=False`` may return before
+    the commit is on stable storage (atomic still; for records whose loss is conservative). A store may call fn more than once
     (to retry after a serialization conflict), so fn must have no other side effects. `read(fn)`
     runs fn on a consistent snapshot. `verify()` checks the stored bytes (schema, checksums, running
     totals) and raises LedgerError."""
 
-    def transaction(self, fn: Callable[[LedgerTxn], T]) -> T: ...
+    def transaction(self, fn: Callable[[LedgerTxn], T], *, durable: bool = True) -> T: ...
     def read(self, fn: Callable[[LedgerTxn], T]) -> T: ...
     def verify(self) -> None: ...
     def backup(self, dest: str) -> None: ...  # a consistent copy, via the store's own means
