@@ -247,6 +247,8 @@ class Explanation:
                 f"  {q['label']}: {q['kind']}, L1={q['sensitivity_l1']:.6g} L2={q['sensitivity_l2']:.6g} "
                 f"(value units), {q['mechanism']} scale={q['noise_scale']:.6g}, ε={q['epsilon']:.6g}, "
                 f"δ={q['delta']:.3g}, 95% ±{q['ci95_halfwidth']:.6g}")
+            if q.get("thesis_mechanism"):
+                lines.append("    " + _thesis_line(q["thesis_mechanism"]))
         lines.append("aggregates:")
         for a in self.aggregates:
             lines.append(f"  {a['aggregate']}: {a['function']} from {', '.join(a['quantities'])}")
@@ -261,6 +263,18 @@ class Explanation:
 
     def _repr_pretty_(self, p, cycle) -> None:  # IPython
         p.text(str(self))
+
+
+def _thesis_line(f: dict) -> str:
+    """The explain line of a thesis mechanism (dpch.plan.thesis): its parameters and guarantee."""
+    if f["mechanism"] == "mixed":
+        return (f"mixed noise, {f['branch']} branch (rule {f['rule']}, threshold Δ <= {f['threshold']:.4g}; "
+                f"Laplace b={f['laplace_scale']:.6g}, Gaussian σ={f['gaussian_sigma']:.6g}): "
+                f"{f['guarantee']}; {f['source']}")
+    lo, hi = f["output_range"]
+    return (f"bounded Laplace on [{lo:.6g}, {hi:.6g}] ({f['released']}), scale {f['scale']:.6g}, per group "
+            f"Δ={f['group_sensitivity']:.6g} at ε={f['group_epsilon']:.6g}, δ={f['group_delta']:.3g}, "
+            f"<= {f['groups_per_unit']} group(s) per unit: {f['guarantee']}; {f['source']}")
 
 
 def _top_k_line(t: dict) -> str:
@@ -280,6 +294,7 @@ def _top_k_line(t: dict) -> str:
 
 def explain_prepared(prepared: Prepared) -> Explanation:
     from .accelerate import projection_hint
+    from .postprocess import mechanism_name, thesis_facts
     from .plan.top_k import top_k_facts
 
     plan = prepared.plan
@@ -299,7 +314,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
             "grid": q.grid,
             "per_row_units": [q.lo_units, q.hi_units],
             "value_interval": list(q.value_interval) if q.value_interval else None,
-            "mechanism": q.mechanism,
+            "mechanism": mechanism_name(q),
+            "thesis_mechanism": thesis_facts(q),  # bounded_laplace / mixed: parameters and guarantee
             "noise_scale": q.scale * q.grid,
             "epsilon": q.epsilon,
             "delta": q.delta,

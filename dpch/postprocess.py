@@ -29,6 +29,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .mechanisms import MixedNoiseMechanism
+from .mechanisms.bounded_laplace import GroupedBoundedLaplace
+from .mechanisms.intervals import POPULATION_MEAN_CI, population_mean_interval
 from .plan import AggregatePlan, Plan, Quantity
 from .plan.top_k import top_k_facts
 from .rewrite import Rewritten
@@ -44,10 +47,54 @@ def _interval_div(a_lo, a_hi, n_lo, n_hi):
     return c.min(axis=0), c.max(axis=0)
 
 
+def mechanism_name(q: Quantity) -> str:
+    """The mechanism a quantity's release uses, as results and explain name it: the thesis
+    mechanisms ("mixed", "bounded_laplace") by their own name, the branch in their facts."""
+    if isinstance(q.noise, MixedNoiseMechanism):
+        return "mixed"
+    if isinstance(q.noise, GroupedBoundedLaplace):
+        return "bounded_laplace"
+    return q.mechanism
+
+
+def thesis_facts(q: Quantity) -> dict | None:
+    """The thesis mechanism's public parameters and guarantee (None for the others)."""
+    if isinstance(q.noise, MixedNoiseMechanism):
+        return q.noise.facts(q.epsilon, q.delta, q.grid)
+    if isinstance(q.noise, GroupedBoundedLaplace):
+        return q.noise.facts()
+    return None
+
+
+def population_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], level: float
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The §5.7 interval for the population mean of an AVG (dpch.mechanisms.intervals,
+    population_mean_interval), or None where it does not apply: not an AVG, or an AVG released
+    directly by bounded Laplace (no noisy count, so no lower bound on n)."""
+    if ap.func != "avg" or "count" not in ap.roles:
+        return None
+    beta = 1.0 - level
+    # the noise part at 1 − β/2 (its two components at 1 − β/4 each, as aggregate_ci splits them)
+    m_lo, m_hi = aggregate_ci(ap, plan, noisy, 1.0 - beta / 2.0)
+    qn = plan.quantities[ap.roles["count"]]
+    n = noisy[qn.index].astype(float)
+    n_lo = n - _halfwidth_value(qn, 1.0 - beta / 4.0)
+    lo, hi = ap.value_interval  # type: ignore[misc]
+    return population_mean_interval(m_lo, m_hi, n_lo, lo, hi, beta)
+
+
 def aggregate_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], level: float
                  ) -> tuple[np.ndarray, np.ndarray]:
     qs = plan.quantities
     func = ap.func
+    if "mean" in ap.roles:
+        # mechanism="bounded_laplace": the clamped mean released directly; its noise interval
+        # (BoundedLaplaceMechanism.ci_halfwidth, §5.7) intersected with the value bounds
+        q = qs[ap.roles["mean"]]
+        v = noisy[q.index].astype(float)
+        h = _halfwidth_value(q, level)
+        lo, hi = ap.value_interval  # type: ignore[misc]
+        return np.clip(v - h, lo, hi), np.clip(v + h, lo, hi)
     if func in ("quantile", "quantiles"):
         # a value interval would need the data's distribution: the only data-free one is the value
         # bounds (always valid); the informative uncertainty is the rank interval in the metadata
@@ -112,7 +159,7 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
         elif out.kind == "aggregate":
             ap = plan.aggregates[out.ref]  # type: ignore[index]
             parts = {role: plan.quantities[qi] for role, qi in ap.roles.items()}
-            mechs = sorted({q.mechanism for q in parts.values()})
+            mechs = sorted({mechanism_name(q) for q in parts.values()})
             info.update({
                 "aggregate": ap.call.text,
                 "function": ap.func,
@@ -134,6 +181,19 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
     return meta
 
 
+def _ci_kind(ap: AggregatePlan) -> str:
+    """Which interval ci_low/ci_high is (every aggregate column says it, at ci_level)."""
+    if ap.func in ("quantile", "quantiles"):
+        return "value bounds (the rank interval is in rank_halfwidth)"
+    if "mean" in ap.roles:
+        return ("noise: the clamped mean of the bounded data, bounded Laplace noise quantile "
+                "(biswal thesis §5.5/§5.7, exact tail bound of the grid law), within the value bounds")
+    if len(ap.roles) == 1:
+        return "noise: the value on the bounded data, exact quantile of the discrete noise"
+    return ("noise: the value on the bounded data, interval image of the components' exact noise "
+            "intervals (union bound)")
+
+
 def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
     if q.kind == "quantile":
         return {
@@ -146,9 +206,11 @@ def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
             "shared_with_partition_selection": False,
             **q.quantile_facts(level),
         }
-    sens = q.l1 if q.mechanism in ("laplace", "optimal_selection") else q.l2
+    sens = q.l1 if q.mechanism in ("laplace", "optimal_selection", "bounded_laplace") else q.l2
+    facts = thesis_facts(q)
     return {
-        "mechanism": q.mechanism,
+        **({"thesis_mechanism": facts} if facts else {}),
+        "mechanism": mechanism_name(q),
         "noise_scale": q.scale * q.grid,  # b or σ in value units
         "sensitivity": sens * q.grid,  # L1 (Laplace) or L2 (Gaussian), value units
         "epsilon": q.epsilon,
@@ -176,6 +238,12 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
         lo, hi = aggregate_ci(ap, plan, noisy, level)
         meta[o.name]["ci_low"] = [float(x) for x in lo]
         meta[o.name]["ci_high"] = [float(x) for x in hi]
+        meta[o.name]["ci_kind"] = _ci_kind(ap)
+        pop = population_ci(ap, plan, noisy, level)
+        if pop is not None:
+            meta[o.name]["population_ci_low"] = [float(x) for x in pop[0]]
+            meta[o.name]["population_ci_high"] = [float(x) for x in pop[1]]
+            meta[o.name]["population_ci"] = POPULATION_MEAN_CI
     if plan.options.with_ci:
         new = {}
         for o in plan.bound.outputs:

@@ -50,7 +50,15 @@ def _query_args(sp) -> None:
     sp.add_argument("sql", help="the analyst SQL (one SELECT)")
     sp.add_argument("--epsilon", type=_float, required=True)
     sp.add_argument("--delta", type=_float, default=0.0)
-    sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian"], default="auto")
+    sp.add_argument("--mechanism", choices=["auto", "laplace", "gaussian", "bounded_laplace", "mixed"], default="auto",
+                    help="noise: bounded_laplace (thesis §5.5: outputs in a public range, --output-range for "
+                         "COUNT/SUM, AVG in its value bounds; delta > 0) or mixed (thesis §5.3, sound variant; "
+                         "delta > 0) besides laplace/gaussian/auto")
+    sp.add_argument("--output-range", action="append", default=[], metavar="[COLUMN=]LO,HI",
+                    help="with --mechanism bounded_laplace: the public output range of every COUNT/SUM, or of "
+                         "one output column (repeatable)")
+    sp.add_argument("--mixed-rule", choices=["thesis", "variance"], default=None,
+                    help="with --mechanism mixed: the branch rule (default thesis: Gaussian iff Δ <= √π·δ·ε/2)")
     sp.add_argument("--selection", choices=["auto", "optimal", "gaussian", "laplace", "weighted_gaussian"],
                     default="auto", help="private partition selection rule (GROUP BY without public keys, "
                     "delta > 0; weighted_gaussian: k > 1, else the Gaussian threshold)")
@@ -87,11 +95,41 @@ def _options(args) -> dict:
         opts["weights"] = weights
     if args.keys:
         opts["keys"] = {k: v for k, v in (_parse_keys(item) for item in args.keys)}
+    if args.output_range:
+        opts["output_range"] = _output_range(args.output_range)
+    if args.mixed_rule is not None:
+        opts["mixed_rule"] = args.mixed_rule
     for flag, name in (("max_groups", "max_groups_contributed"), ("max_rows", "max_rows_per_unit"),
                        ("max_rows_per_group", "max_rows_per_group")):
         if getattr(args, flag) is not None:
             opts[name] = getattr(args, flag)
     return opts
+
+
+def _output_range(items: list[str]):
+    """--output-range LO,HI (every COUNT/SUM) or COLUMN=LO,HI (repeatable): the option
+    output_range (checked by QueryOptions, which names the parameter in its errors)."""
+    from dpch.errors import InvalidParameter
+
+    whole, per = None, {}
+    for item in items:
+        name, sep, pair = item.rpartition("=")
+        parts = pair.split(",")
+        if len(parts) != 2:
+            raise InvalidParameter("--output-range takes LO,HI or COLUMN=LO,HI")
+        try:
+            rng = (float(parts[0]), float(parts[1]))
+        except ValueError:
+            raise InvalidParameter("--output-range takes two numbers LO,HI") from None
+        if sep:
+            per[name] = rng
+        elif whole is not None:
+            raise InvalidParameter("--output-range LO,HI given twice")
+        else:
+            whole = rng
+    if whole is not None and per:
+        raise InvalidParameter("--output-range: give LO,HI for all columns or COLUMN=LO,HI, not both")
+    return whole if whole is not None else per
 
 
 def _parse_value(text: str):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 from sqlglot import exp
 
-from ..plan.options import SELECTION_RULES, TOP_K_METHODS
+from ..plan.options import MECHANISMS, MIXED_RULES, SELECTION_RULES, TOP_K_METHODS
 from .errors import ACCESS_DENIED, UNKNOWN_TABLE, GatewayError
 
 SERVER_VERSION = "26.9.1.1"  # the engine DPCH is tested with; clients use it for feature checks
@@ -29,7 +29,9 @@ START_TIME = time.time()
 DP_SETTINGS = [
     ("dpch_epsilon", "", "Float64", "ε charged for the query (required for plain SQL aggregates)"),
     ("dpch_delta", "0", "Float64", "δ charged for the query (Gaussian noise, partition selection)"),
-    ("dpch_mechanism", "auto", "String", "auto | laplace | gaussian"),
+    ("dpch_mechanism", "auto", "String", " | ".join(MECHANISMS)),
+    ("dpch_output_range", "", "String", "lo,hi: public output range of COUNT/SUM (dpch_mechanism = bounded_laplace)"),
+    ("dpch_mixed_rule", "thesis", "String", " | ".join(MIXED_RULES) + " (dpch_mechanism = mixed)"),
     ("dpch_with_ci", "0", "Bool", "add <col>_lo/<col>_hi columns"),
     ("dpch_confidence", "0.95", "Float64", "confidence level of the intervals"),
     ("dpch_selection", "auto", "String", " | ".join(SELECTION_RULES) + " (private partition selection rule)"),

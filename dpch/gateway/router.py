@@ -19,7 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from .. import dp_functions
-from ..plan.options import SELECTION_RULES, TOP_K_METHODS
+from ..plan.options import MECHANISMS, SELECTION_RULES, TOP_K_METHODS
 from . import metadata
 from .formats import resolve_format
 from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
@@ -83,6 +83,8 @@ class DPOptions:
     confidence: float | None = None
     selection: str = "auto"
     top_k: str = "auto"
+    output_range: tuple | None = None  # mechanism bounded_laplace (option output_range)
+    mixed_rule: str | None = None  # mechanism mixed (option mixed_rule)
 
     @classmethod
     def from_settings(cls, s: dict[str, str]) -> "DPOptions":
@@ -103,8 +105,19 @@ class DPOptions:
             o.delta = num("dpch_delta")
         if s.get("dpch_mechanism"):
             o.mechanism = s["dpch_mechanism"].lower()
-            if o.mechanism not in ("auto", "laplace", "gaussian"):
-                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_mechanism must be auto, laplace or gaussian")
+            if o.mechanism not in MECHANISMS:
+                raise GatewayError(DPCH_INVALID_PARAMETER, f"dpch_mechanism must be {', '.join(MECHANISMS[:-1])} "
+                                   f"or {MECHANISMS[-1]}")
+        if s.get("dpch_output_range", "") != "":  # "lo,hi"; QueryOptions checks the pair
+            parts = s["dpch_output_range"].split(",")
+            try:
+                o.output_range = (float(parts[0]), float(parts[1])) if len(parts) == 2 else ()
+            except ValueError:
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_output_range must be lo,hi") from None
+            if len(o.output_range) != 2:
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_output_range must be lo,hi")
+        if s.get("dpch_mixed_rule", "") != "":
+            o.mixed_rule = s["dpch_mixed_rule"].lower()
         if s.get("dpch_with_ci", "") != "":
             v = s["dpch_with_ci"].lower()
             if v not in ("0", "1", "true", "false"):
@@ -209,6 +222,9 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
                                    "pass dpch_epsilon as a URL parameter or client setting, or call dp_count(ε), "
                                    "dp_sum(x, lo, hi, ε), dp_avg(x, lo, hi, ε)")
             o: dict = {"mechanism": opts.mechanism, "selection": opts.selection, "top_k": opts.top_k}
+            for name in ("output_range", "mixed_rule"):  # the thesis mechanisms' options, passed through
+                if getattr(opts, name) is not None:
+                    o[name] = getattr(opts, name)
             if opts.confidence is not None:
                 o["confidence"] = opts.confidence
             from ..controller import run_query, run_query_formatted

@@ -377,3 +377,85 @@ class BoundedLaplaceMechanism:
     def sql(self, value_sql: str) -> str:
         return (f"dpch_bounded_laplace({_check_value_sql(value_sql)}, {_float_literal(self.scale)}, "
                 f"{_float_literal(self.lo)}, {_float_literal(self.hi)})")
+
+
+@dataclass(frozen=True)
+class GroupedBoundedLaplace:
+    """The controller's bounded Laplace release of one noisy quantity (``mechanism="bounded_laplace"``,
+    docs/CONTROLLER.md "Thesis mechanisms"): every group's value is released by
+    ``mechanism`` (BoundedLaplaceMechanism on the public range [lo, hi], in the quantity's units)
+    calibrated to (ε/c, δ/c) at the per-group sensitivity Δ_g, where c is the number of groups one
+    privacy unit can move.
+
+    Privacy guarantee: (ε, δ)-DP for the whole quantity. A unit changes at most c groups' values,
+    each by at most Δ_g; each group's release is (ε/c, δ/c)-DP at Δ_g (the grid version of the
+    thesis's Thm 5.5.5, BoundedLaplaceMechanism.privacy_relation), the other groups' laws do not
+    change, and basic composition (dwork_roth_ch3_basic_techniques.md Thm 3.16) adds the c losses.
+    (The per-group split is needed: the bounded mechanism's loss ε_grid(d) is subadditive in d, so
+    one L1 budget over several groups would understate it.)
+
+    ``mean_of`` = (sum column, sum grid, centre): the value is not the quantity itself (a row or unit
+    count N) but the group's mean centre + grid·S/N of the bounded data (S the centred fixed-point
+    sum column), or the centre for N = 0, clamped to [lo, hi] by the mechanism: AVG within its
+    value bounds. Any two values in [lo, hi] differ by at most hi − lo, so Δ_g = hi − lo whatever
+    the neighbour does to N (no public lower bound on N is needed, and none is assumed)."""
+
+    mechanism: BoundedLaplaceMechanism
+    group_sensitivity: float
+    coords: int
+    epsilon: float
+    delta: float
+    mean_of: tuple[str, float, float] | None = None
+    unit: float = 1.0  # the value of one unit of the released quantity (a sum's fixed-point grid)
+
+    @classmethod
+    def calibrated(cls, group_sensitivity: float, epsilon: float, delta: float, coords: int,
+                   lo: float, hi: float, mean_of: tuple[str, float, float] | None = None,
+                   unit: float = 1.0) -> "GroupedBoundedLaplace":
+        """Per group: BoundedLaplaceMechanism.calibrated(Δ_g, ε/c, δ/c, lo, hi). Raises
+        InvalidParameter (δ/c below the sampler's floor, a range too narrow for the scale)."""
+        if isinstance(coords, bool) or int(coords) != coords or coords < 1:
+            raise InvalidParameter("coords must be an integer >= 1")
+        c = int(coords)
+        e = cal.check_epsilon(epsilon)
+        dl = cal._real(delta, "delta")
+        mech = BoundedLaplaceMechanism.calibrated(group_sensitivity, e / c, dl / c, lo, hi)
+        return cls(mech, float(group_sensitivity), c, e, dl, mean_of, float(unit))
+
+    def privacy_relation(self) -> bool:
+        """True iff every group's release is (ε/c, δ/c)-DP at Δ_g (hence the whole (ε, δ)-DP)."""
+        return self.mechanism.privacy_relation(self.group_sensitivity, self.epsilon / self.coords,
+                                               self.delta / self.coords)
+
+    @property
+    def scale(self) -> float:
+        return self.mechanism.scale
+
+    def ci_halfwidth(self, level: float = 0.95) -> float:
+        """The per-group noise half-width (BoundedLaplaceMechanism.ci_halfwidth, §5.7)."""
+        return self.mechanism.ci_halfwidth(level)
+
+    def value_sql(self, value_sql: str) -> str:
+        """The Float64 value the mechanism is centred on (before its own clamp to [lo, hi])."""
+        v = _check_value_sql(value_sql)
+        if self.mean_of is None:
+            return f"toFloat64({v})"
+        col, grid, centre = self.mean_of
+        # N = 0 (a public key group with no row) releases around the centre: no division by zero
+        return (f"if({v} > 0, {_float_literal(centre)} + {_float_literal(grid)} * toFloat64({col}) / "
+                f"toFloat64({v}), {_float_literal(centre)})")
+
+    def sql(self, value_sql: str) -> str:
+        return self.mechanism.sql(self.value_sql(value_sql))
+
+    def facts(self) -> dict:
+        """Public parameters for explain and result metadata (in value units)."""
+        m, u = self.mechanism, self.unit
+        return {"mechanism": "bounded_laplace", "source": "biswal thesis §5.5, Def. 5.5.3, Thm 5.5.5 "
+                "(grid version, docs/NOISE.md); per group (ε/c, δ/c), Dwork & Roth Thm 3.16 over c groups",
+                "guarantee": f"({self.epsilon:.6g}, {self.delta:.3g})-DP",
+                "output_range": [m.lo * u, m.hi * u], "scale": m.scale * u,
+                "group_sensitivity": self.group_sensitivity * u,
+                "groups_per_unit": self.coords, "group_epsilon": self.epsilon / self.coords,
+                "group_delta": self.delta / self.coords, "candidates": m.candidates,
+                "released": "clamped mean of the bounded data" if self.mean_of is not None else "value"}

@@ -45,6 +45,7 @@ class MixedNoiseMechanism:
     threshold: float
     laplace: LaplaceMechanism
     gaussian: GaussianMechanism
+    rule: str = ""  # the branch rule that set the threshold ("thesis", "variance"; "" unstated)
 
     output_measure = "ApproxDP"
 
@@ -80,7 +81,7 @@ class MixedNoiseMechanism:
             t0 = math.inf if gau.variance <= lap.variance else 0.0
         else:
             raise InvalidParameter("rule must be 'thesis' or 'variance'")
-        return cls(d, t0, lap, gau)
+        return cls(d, t0, lap, gau, rule)
 
     @property
     def uses_gaussian(self) -> bool:
@@ -131,6 +132,22 @@ class MixedNoiseMechanism:
     @property
     def variance(self) -> float:
         return self.branch.variance
+
+    def ci_halfwidth(self, level: float = 0.95) -> float:
+        """The noise half-width of the branch used (its exact discrete-noise interval)."""
+        return self.branch.ci_halfwidth(level)
+
+    def facts(self, epsilon: float, delta: float, unit: float = 1.0) -> dict:
+        """Public parameters for explain and result metadata (the controller's mechanism="mixed";
+        threshold and scales in value units: ``unit`` is the value of one unit of the quantity)."""
+        g = self.uses_gaussian
+        u = float(unit)
+        return {"mechanism": "mixed", "branch": "gaussian" if g else "laplace", "rule": self.rule,
+                "source": "biswal thesis §5.3, Def. 5.3.1, sound variant (each branch calibrated to "
+                          "(ε, δ) on its own; the thesis's Thm 5.3.2 is false, docs/NOISE.md)",
+                "threshold": self.threshold * u, "laplace_scale": self.laplace.scale * u,
+                "gaussian_sigma": self.gaussian.sigma * u,
+                "guarantee": (f"({epsilon:.6g}, {delta:.3g})-DP" if g else f"{epsilon:.6g}-DP (pure)")}
 
     def confidence_interval(self, released: float, level: float = 0.95,
                             population_variance: float | None = None, n: int | None = None

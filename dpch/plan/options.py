@@ -10,7 +10,11 @@ from typing import Any, Mapping
 from .. import calibration as cal
 from ..errors import InvalidParameter
 
-MECHANISMS = ("auto", "laplace", "gaussian")
+#: "bounded_laplace" (biswal thesis §5.5, output in a public range) and "mixed" (the sound variant of
+#: the thesis's MNM, §5.3) are the thesis mechanisms (docs/CONTROLLER.md, "Thesis mechanisms").
+MECHANISMS = ("auto", "laplace", "gaussian", "bounded_laplace", "mixed")
+#: The branch rule of mechanism="mixed" (dpch.mechanisms.MixedNoiseMechanism.calibrated).
+MIXED_RULES = ("thesis", "variance")
 #: Partition-selection rules (dpch.plan.selection): "auto" picks by a data-independent score;
 #: "weighted_gaussian" applies to the user-level k > 1 path (elsewhere it is the Gaussian threshold).
 SELECTION_RULES = ("auto", "optimal", "gaussian", "laplace", "weighted_gaussian")
@@ -39,9 +43,15 @@ class QueryOptions:
     selection: str = "auto"
     # How `ORDER BY <COUNT/SUM> DESC LIMIT n` is answered (docs/CONTROLLER.md, "Top-k").
     top_k: str = "auto"
+    # mechanism="bounded_laplace": the public output range of COUNT/SUM releases, one (lo, hi) for
+    # all of them or {output column: (lo, hi)}; AVG uses its value bounds (docs/CONTROLLER.md).
+    output_range: tuple[float, float] | Mapping[str, tuple[float, float]] | None = None
+    # mechanism="mixed": which branch each value takes ("thesis": Gaussian iff Δ <= √π·δ·ε/2,
+    # Def. 5.3.1; "variance": the branch with the smaller noise variance)
+    mixed_rule: str = "thesis"
 
     FIELDS = ("mechanism", "weights", "keys", "confidence", "with_ci", "max_groups_contributed",
-              "max_rows_per_unit", "max_rows_per_group", "selection", "top_k")
+              "max_rows_per_unit", "max_rows_per_group", "selection", "top_k", "output_range", "mixed_rule")
     CONTRIBUTION = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
 
     @classmethod
@@ -72,6 +82,12 @@ class QueryOptions:
         top_k = options.get("top_k", "auto")
         if top_k not in TOP_K_METHODS:
             raise InvalidParameter(f"top_k must be one of {', '.join(TOP_K_METHODS)}")
+        output_range = _check_output_range(options.get("output_range"), mech)
+        mixed_rule = options.get("mixed_rule", "thesis")
+        if mixed_rule not in MIXED_RULES:
+            raise InvalidParameter(f"mixed_rule must be one of {', '.join(MIXED_RULES)}")
+        if "mixed_rule" in options and mech != "mixed":
+            raise InvalidParameter("mixed_rule needs mechanism='mixed'")
         bounds = {}
         for name in cls.CONTRIBUTION:
             v = options.get(name)
@@ -81,11 +97,45 @@ class QueryOptions:
                 bounds[name] = int(v)
         return cls(mechanism=mech, weights=dict(weights) if weights else None,
                    keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection, top_k=top_k,
-                   **bounds)
+                   output_range=output_range, mixed_rule=mixed_rule, **bounds)
 
     def contribution(self) -> dict[str, int]:
         """The contribution bounds given with the query (to replace the catalog's)."""
         return {n: getattr(self, n) for n in self.CONTRIBUTION if getattr(self, n) is not None}
+
+
+def _range_pair(value: Any, name: str) -> tuple[float, float]:
+    """A public output range (lo, hi): two finite reals with lo < hi (analyst-given, not private)."""
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise InvalidParameter(f"{name} must be a pair (lo, hi)")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+            raise InvalidParameter(f"{name} must be a pair of finite numbers (lo, hi)")
+        out.append(float(v))
+    if not out[0] < out[1]:
+        raise InvalidParameter(f"{name} needs lo < hi")
+    if max(abs(out[0]), abs(out[1])) > 1e15:
+        raise InvalidParameter(f"{name} must lie within ±1e15")
+    return out[0], out[1]
+
+
+def _check_output_range(value: Any, mechanism: str):
+    """output_range: None, one (lo, hi), or {output column: (lo, hi)}; only with bounded_laplace."""
+    if value is None:
+        return None
+    if mechanism != "bounded_laplace":
+        raise InvalidParameter("output_range needs mechanism='bounded_laplace'")
+    if isinstance(value, Mapping):
+        if not value:
+            raise InvalidParameter("output_range must not be an empty mapping")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidParameter("output_range keys must be output column names")
+            out[k] = _range_pair(v, f"output_range[{k!r}]")
+        return out
+    return _range_pair(value, "output_range")
 
 
 def check_budget_args(epsilon: Any, delta: Any) -> tuple[float, float]:

@@ -22,6 +22,7 @@ from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
 from .options import QueryOptions, check_budget_args
 from .selection import choose_selection
 from .sensitivity import row_sensitivity, unit_sensitivity
+from . import thesis
 from .top_k import (GUMBEL_STD, MAX_PEELING_ROUNDS, TOP_K_WEIGHT_KEY, TopK, TopKShape, noise_std, require_shape,
                     score_sensitivity)
 
@@ -226,6 +227,8 @@ class _Planner:
                 selection_q = self._units_quantity("partition selection (distinct units per group)")
             self.quantities[selection_q].is_selection = True
 
+        # mechanism="bounded_laplace": AVG releases its clamped mean (dpch.plan.thesis)
+        self._means = thesis.restructure_means(self, agg_plans) if self.options.mechanism == "bounded_laplace" else {}
         for ap in agg_plans:
             for qi in ap.roles.values():
                 self.quantities[qi].aggregates.append(ap.call.index)
@@ -373,7 +376,12 @@ class _Planner:
         mech = self.options.mechanism
         if mech == "gaussian" and self.delta <= 0:
             raise InvalidParameter("mechanism='gaussian' needs delta > 0")
-        if mech == "laplace" or self.delta <= 0:
+        thesis.require_delta(mech, self.delta)
+        if mech == "bounded_laplace":
+            choice = thesis.choose_bounded(self, agg_plans, released, self._means)
+        elif mech == "mixed":
+            choice = thesis.choose_mixed(self, released)
+        elif mech == "laplace" or self.delta <= 0:
             choice = {q.index: "laplace" for q in released}
         elif mech == "gaussian":
             choice = {q.index: ("laplace" if q.is_selection else "gaussian") for q in released}
@@ -395,7 +403,7 @@ class _Planner:
         for q in released:
             if q.kind == "quantile":
                 choice[q.index] = "exponential"
-        consumers = [q for q in released if choice[q.index] == "gaussian" or q.is_selection]
+        consumers = [q for q in released if choice[q.index] in ("gaussian", "bounded_laplace") or q.is_selection]
         for q in self.quantities:
             q.mechanism = choice.get(q.index, "none")
             q.delta = 0.0
@@ -407,8 +415,12 @@ class _Planner:
                 q.scale = 2.0 * q.rows / q.group_epsilon  # the temperature at level 0 or 1, in rows
             elif q.mechanism == "laplace":
                 q.scale = cal.laplace_scale(q.l1, q.epsilon)
+            elif q.mechanism == "bounded_laplace":
+                thesis.calibrate_bounded(self, q, self._means)
             else:
                 q.scale = self._gaussian_scale(q, q.epsilon, q.delta)
+        if mech == "mixed":
+            thesis.attach_mixed(self, released)
 
     @staticmethod
     def _coords(b: Bounding) -> int:
@@ -433,6 +445,8 @@ class _Planner:
             # pure ε-DP (QuantileMechanism: ε/coords per group, coords groups per unit)
             return MechanismCost(kind="exponential", sensitivity=q.l1, scale=q.scale, epsilon=q.epsilon,
                                  delta=0.0, rho=None, label=label)
+        if q.mechanism == "bounded_laplace":
+            return thesis.bounded_cost(q)
         if q.mechanism == "laplace":
             return LaplaceMechanism(q.scale, True).cost(q.l1, q.epsilon, label=label)
         if q.multi_coordinate:
