@@ -95,6 +95,8 @@ def ratios(data: dict) -> list[dict]:
                     row[f"{p}/dpch"] = rec["median_s"] / ref["median_s"]
                 if _ok(rec) and _ok(accel):
                     row[f"{p}/dpch_accel"] = rec["median_s"] / accel["median_s"]
+                if _ok(rec) and _ok(plain):  # the most any DP layer over this engine could reach
+                    row[f"{p}/plain"] = rec["median_s"] / plain["median_s"]
             if len(row) > 3:
                 out.append(row)
     return out
@@ -118,6 +120,11 @@ def _peer_check(rs: list[dict], rows: int, tname: str) -> tuple[str, str, str]:
     if accel_vals:
         text += "; against the controller with a per-unit projection: " + "; ".join(
             f"({q}) {LABELS[p]} {v:,.0f}×" for q, p, v in accel_vals)
+    ceiling = [(r["qid"], p, r[f"{p}/plain"]) for qid in ("a", "b") for p in PEERS for r in rs
+               if r["qid"] == qid and r["rows"] == rows and f"{p}/plain" in r]
+    if ceiling:  # plain ClickHouse (no DP) against the peer: no DP layer over the engine can beat it
+        text += "; plain ClickHouse, no DP (the ceiling): " + "; ".join(
+            f"({q}) {LABELS[p]} {v:,.0f}×" for q, p, v in ceiling)
     verdict = "met" if ok else "MISSED" if any(v < 100 for *_, v in peer_vals) else "incomplete"
     return TARGETS_TEXT[tname], verdict, text
 
@@ -282,7 +289,8 @@ def render(data: dict, plots: list[Path], md_path: Path, section: str) -> str:
                 if r is None:
                     continue
                 if _ok(r):
-                    note = f"{r['warmup']} warm-up runs" if r.get("warmup", 1) != 1 else ""
+                    note = "; ".join(([f"{r['warmup']} warm-up runs"] if r.get("warmup", 1) != 1 else [])
+                                     + ([r["note"]] if r.get("note") else []))
                     lines.append(f"| ({qid}) | {LABELS[name]} | {_fmt_s(r['median_s'])} | {_fmt_s(r['min_s'])} – "
                                  f"{_fmt_s(r['max_s'])} | {r['runs']} | {r['peak_rss_mib']:.0f} MiB | "
                                  f"{r['delta_rss_mib']:.0f} MiB | {note}".rstrip() + " |")

@@ -268,6 +268,7 @@ def phase_speed(args, db, results: Results, avail: dict) -> None:
                                           "reason": avail[name]})
                 continue
             built[name] = make_inproc(name, db, wl)
+        rounds = {}  # qid -> (active systems, timings, errors)
         for qid in args.queries:
             q = QUERIES[qid]
             active = []
@@ -289,33 +290,16 @@ def phase_speed(args, db, results: Results, avail: dict) -> None:
                         s.run(qid, args.eps)
                     except Exception as exc:
                         errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            for r in range(args.runs):
-                order = active[r % len(active):] + active[:r % len(active)] if active else []
-                for name, s in order:
-                    if name in errors:
-                        continue
-                    try:
-                        timed_call(lambda: s.run(qid, args.eps), timings[name])
-                    except Exception as exc:
-                        errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            for name, _ in active:
-                rec = {"rows": rows, "qid": qid, "system": name, "eps": args.eps}
-                if name in errors:
-                    rec.update(status="error", error=errors[name])
-                else:
-                    rec.update(status="ok", **timings[name].summary())
-                results.put("speed", rec)
-                if rec["status"] == "ok":
-                    log(f"   {name:16s} median {rec['median_s'] * 1000:9.1f} ms  "
-                        f"[{rec['min_s'] * 1000:.1f}–{rec['max_s'] * 1000:.1f}]  peak {rec['peak_rss_mib']:.0f} MiB")
-                else:
-                    log(f"   {name:16s} {rec['status']}: {rec.get('error')}")
-        # peers
-        if rows not in args.peer_sizes:
-            for p in (s for s in args.systems if s in PEERS):
-                for qid in args.queries:
-                    results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "skipped",
-                                          "reason": "peers are run at the sizes in --peer-sizes only"})
+            time_inproc(active, qid, args, timings, errors)
+            rounds[qid] = (active, timings, errors)
+        peers_here = rows in args.peer_sizes and any(s in PEERS for s in args.systems)
+        if not peers_here:
+            record_inproc(results, rows, rounds, args)
+            if rows not in args.peer_sizes:
+                for p in (s for s in args.systems if s in PEERS):
+                    for qid in args.queries:
+                        results.put("speed", {"rows": rows, "qid": qid, "system": p, "status": "skipped",
+                                              "reason": "peers are run at the sizes in --peer-sizes only"})
             continue
         parquet = ensure_parquet(db, wl, args.data_dir / "parquet", regenerated=regenerated, log=log)
         for p in (s for s in args.systems if s in PEERS):
@@ -351,6 +335,43 @@ def phase_speed(args, db, results: Results, avail: dict) -> None:
                 else:
                     log(f"   {p:16s} ({rec['qid']}) {rec.get('status')}: {rec.get('error')}")
             results.save()
+        # the peers ran for minutes to hours on a shared machine: time the in-process systems again
+        # now, so their medians cover the peers' time span too (same load, as far as possible)
+        log(f"speed {size_label(rows)}: in-process systems again, after the peers")
+        for qid, (active, timings, errors) in rounds.items():
+            time_inproc(active, qid, args, timings, errors)
+        record_inproc(results, rows, rounds, args, note="half of the runs before the peers, half after")
+
+
+def time_inproc(active: list, qid: str, args, timings: dict, errors: dict) -> None:
+    """`args.runs` timed runs of each in-process system, interleaved, the order rotated each run."""
+    for r in range(args.runs):
+        order = active[r % len(active):] + active[:r % len(active)] if active else []
+        for name, s in order:
+            if name in errors:
+                continue
+            try:
+                timed_call(lambda: s.run(qid, args.eps), timings[name])
+            except Exception as exc:
+                errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+
+
+def record_inproc(results: Results, rows: int, rounds: dict, args, note: str | None = None) -> None:
+    for qid, (active, timings, errors) in rounds.items():
+        for name, _ in active:
+            rec = {"rows": rows, "qid": qid, "system": name, "eps": args.eps}
+            if name in errors:
+                rec.update(status="error", error=errors[name])
+            else:
+                rec.update(status="ok", **timings[name].summary())
+                if note:
+                    rec["note"] = note
+            results.put("speed", rec)
+            if rec["status"] == "ok":
+                log(f"   ({qid}) {name:16s} median {rec['median_s'] * 1000:9.1f} ms  "
+                    f"[{rec['min_s'] * 1000:.1f}–{rec['max_s'] * 1000:.1f}]  peak {rec['peak_rss_mib']:.0f} MiB")
+            else:
+                log(f"   ({qid}) {name:16s} {rec['status']}: {rec.get('error')}")
 
 
 def projected_skip(results: Results, system: str, qid: str, rows: int, args) -> str | None:
