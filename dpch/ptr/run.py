@@ -197,21 +197,29 @@ class PtrRun:
         return prepared, plan, step, (lo, hi)
 
     # -- SQL of each stage ---------------------------------------------------------------------------
-    def _scale_sql(self, groups: str, stage: _Stage, step: int) -> tuple[str, dict]:
+    def make_test(self, epsilon: float, delta: float, bad_at_most: int) -> NoisyTest:
+        """The noisy test of a stage (module docstring; the audit's broken fixtures override it)."""
+        return NoisyTest.make(epsilon, delta, bad_at_most)
+
+    def make_release(self, sensitivity: float, epsilon: float) -> LaplaceMechanism:
+        """The release's Laplace mechanism: ε-DP at L1 sensitivity Δ (the paper, Thm 1)."""
+        return LaplaceMechanism.calibrated(sensitivity, epsilon)
+
+    def _scale_sql(self, groups: str, stage: _Stage, step: int, runs: int = 1) -> tuple[str, dict]:
         p1, p2 = self.quantile_pair()
-        test = NoisyTest.make(stage.epsilon, stage.delta / 2.0, 1)
+        test = self.make_test(stage.epsilon, stage.delta / 2.0, 1)
         discs = [(log_bins(self.base, 0.0), test), (log_bins(self.base, 0.5), test)]
         width = max(log_bin_width(e) for e, _ in discs)
-        release = LaplaceMechanism.calibrated(width, stage.epsilon)
+        release = self.make_release(width, stage.epsilon)
         facts = {"stage": "scale", "quantiles": [float(p1), float(p2)], "epsilon_per_test": stage.epsilon,
                  "delta_per_test": stage.delta / 2.0, "threshold": test.threshold, "cap": test.cap, "tau": test.tau,
                  "base": self.base, "log_sensitivity": width, "unit_step_rows": step}
-        return S.scale_sql(groups, p1, p2, step, discs, release), facts
+        return S.scale_sql(groups, p1, p2, step, discs, release, runs), facts
 
-    def _ptr_sql(self, groups: str, stage: _Stage, step: int, beta_units: float) -> tuple[str, dict]:
-        test = NoisyTest.make(stage.epsilon, stage.delta, 0)
+    def _ptr_sql(self, groups: str, stage: _Stage, step: int, beta_units: float, runs: int = 1) -> tuple[str, dict]:
+        test = self.make_test(stage.epsilon, stage.delta, 0)
         # the release's sensitivity: β plus a margin for the float window means (docs/PTR.md)
-        release = LaplaceMechanism.calibrated(beta_units * (1.0 + 2.0 ** -40) + 2.0 ** -30, stage.epsilon)
+        release = self.make_release(beta_units * (1.0 + 2.0 ** -40) + 2.0 ** -30, stage.epsilon)
         if self.statistic == "median":
             width, value = S.median_width, S.median_value()
         else:
@@ -219,7 +227,7 @@ class PtrRun:
             width, value = (lambda k: S.trimmed_width(alpha, k)), S.trimmed_value(alpha)
         facts = {"stage": self.statistic, "epsilon_per_test": stage.epsilon, "delta": stage.delta,
                  "threshold": test.threshold, "cap": test.cap, "tau": test.tau, "unit_step_rows": step}
-        return S.proposal_sql(groups, width, value, step, beta_units, test, release), facts
+        return S.proposal_sql(groups, width, value, step, beta_units, test, release, runs), facts
 
     def proposal_from_scale(self, scale_units: float, stage: _Stage, step: int) -> float:
         """β (bucket units) from a released scale s: c·s·K·(T + 2τ)/rows_hint. c = 8 for the
@@ -231,6 +239,31 @@ class PtrRun:
         c = PROPOSAL_FACTOR if self.statistic == "median" else PROPOSAL_FACTOR / (1.0 - self.alpha)  # type: ignore[operator]
         beta = c * scale_units * step * (test.threshold + 2.0 * test.tau) / self.rows_hint  # type: ignore[operator]
         return max(beta, 1.0)  # at least one bucket
+
+    def fast_sql(self, runs: int) -> tuple[str, tuple[float, float]]:
+        """The SQL of ``runs`` independent runs of a one-stage statistic (the IQR, or the median /
+        trimmed mean with ``bound``) in one query: the same text as ``run`` executes, with the
+        noise level over ``numbers(runs)`` (dpch.ptr.sql). For the audit and the statistical
+        tests; charges nothing (the caller is trusted: it reads the dataset)."""
+        from ..rewrite import _Rewriter
+
+        if self.composed:
+            raise InvalidParameter("the fast path covers one-stage runs: the IQR, or a median/trimmed mean with bound")
+        _, plan, step, (lo, hi) = self._plan()
+        rw = _Rewriter(plan, noise=False, selection=False, table=None)
+        groups = rw._salted(rw.groups_sql())
+        st = self.stages()[0]
+        if st.name == "scale":
+            return self._scale_sql(groups, st, step, runs)[0], (lo, hi)
+        return self._ptr_sql(groups, st, step, self.bound / ((hi - lo) / BUCKETS), runs)[0], (lo, hi)  # type: ignore[operator]
+
+    def to_value(self, units: float | None, interval: tuple[float, float]) -> float | None:
+        """A released value in bucket units → the column's units (post-processing)."""
+        if units is None:
+            return None
+        lo, hi = interval
+        width = (hi - lo) / BUCKETS
+        return units * width if self.statistic == "iqr" else lo + (units + 0.5) * width
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> PtrResult:
@@ -302,12 +335,7 @@ class PtrRun:
             raise BackendError(f"propose-test-release: the query failed at run time; the charge stays at its worst "
                                f"case ε = {cost.epsilon:g} (never settled)") from None
         realised = self._settle(receipt, cost, cells)
-        if value_units is None:
-            out = None
-        elif self.statistic == "iqr":
-            out = value_units * width
-        else:
-            out = lo + (value_units + 0.5) * width
+        out = self.to_value(value_units, (lo, hi))
         proposed = self.base if self.statistic == "iqr" else beta * width
         return PtrResult(self.statistic, "released" if out is not None else "bottom", out, realised,
                          cost.epsilon, sum(st.delta for st in stages), proposed, dataset, receipt, tuple(facts))

@@ -85,7 +85,7 @@ def _noise_from(stats_sql: str, runs: int) -> tuple[str, str]:
     the same statistics (the audit's fast path: a per-row term keeps each UDF call per row)."""
     if runs == 1:
         return f"FROM (\n{_indent(stats_sql)}\n)", ""
-    return f"FROM (\n{_indent(stats_sql)}\n)\nCROSS JOIN numbers({int(runs)})", " + 0 * toInt64(number)"
+    return f"FROM (\n{_indent(stats_sql)}\n) AS __dp_stats\nCROSS JOIN numbers({int(runs)}) AS __dp_runs", " + 0 * toInt64(number)"
 
 
 def scale_sql(groups_sql: str, p1: Fraction, p2: Fraction, step: int, discs: list[tuple[tuple[int, ...], NoisyTest]],
