@@ -228,6 +228,7 @@ class _Binder:
         self.keys: list[KeySpec] = []
         self.aliases: dict[str, exp.Expression] = {}  # alias -> original select expression (unqualified)
         self.output_templates: dict[str, exp.Expression] = {}  # alias -> its template
+        self.shared_sum_bases: set[str] = set()  # see _shifted_sum
 
     # -- columns ------------------------------------------------------------------------------
     def _unqualify(self, node: exp.Expression) -> exp.Expression:
@@ -433,6 +434,37 @@ class _Binder:
             raise _reject(f"{text}: a quantile level must be a number literal in [0, 1]")
         return value
 
+    # -- shifted sums ---------------------------------------------------------------------------
+    def _find_shared_sum_bases(self) -> None:
+        """The expressions e summed with two or more constant shifts in this query (SUM(e),
+        SUM(e + 1), SUM(e - 2.5), ...; ClickBench Q29 has 90): see _shifted_sum."""
+        sel = self.select
+        roots = list(sel.expressions) + [sel.args[a] for a in ("having", "order") if sel.args.get(a) is not None]
+        shifts: dict[str, set[str]] = {}
+        for root in roots:
+            for n in root.find_all(exp.Sum):
+                base, c = _sum_shift(self._unqualify(n.copy()))
+                if base is not None:
+                    shifts.setdefault(sql_of(base), set()).add(c)
+        self.shared_sum_bases = {b for b, cs in shifts.items() if len(cs) >= 2}
+
+    def _shifted_sum(self, node: exp.Expression) -> exp.Expression | None:
+        """SUM(e ± c), c a number literal, when e is summed with two or more shifts in the query:
+        the template SUM(e) ± c·COUNT(e), over the two shared quantities SUM(e) and COUNT(e)
+        instead of one quantity per shift. Exact: Σ(e + c) = Σe + c·#{e not NULL} on the rows
+        bounding keeps (clipping e + c to [lo + c, hi + c] is clipping e, then adding c), and a
+        function of released values is post-processing (Dwork & Roth Prop. 2.1), so the query
+        stays ε-DP with the same charge; its k shifted sums split the budget over 2 quantities
+        instead of k (ClickHouse's own optimizer rewrites sum(x + c) the same way)."""
+        base, c = _sum_shift(node)
+        if base is None or c == "0" or sql_of(base) not in self.shared_sum_bases:
+            return None
+        total = exp.column(f"{AGG_PREFIX}{self._aggregate(exp.Sum(this=base.copy()))}")
+        count = exp.column(f"{AGG_PREFIX}{self._aggregate(exp.Count(this=base.copy()))}")
+        negative = c.startswith("-")
+        shift = exp.Mul(this=exp.Literal.number(c.lstrip("-")), expression=count)
+        return exp.Paren(this=(exp.Sub if negative else exp.Add)(this=total, expression=shift))
+
     # -- templates ----------------------------------------------------------------------------
     def _template(self, node: exp.Expression, where: str, *, use_aliases: bool) -> exp.Expression:
         """Replace aggregates and group keys by placeholders; resolve aliases (HAVING/ORDER BY)."""
@@ -444,6 +476,9 @@ class _Binder:
                 for inner in n.walk():
                     if inner is not n and _is_aggregate(inner):
                         raise _reject(f"nested aggregates ({sql_of(n)}) are not supported")
+                shifted = self._shifted_sum(n)
+                if shifted is not None:
+                    return shifted
                 return exp.column(f"{AGG_PREFIX}{self._aggregate(n)}")
             for key in self.keys:
                 if n == key.expr:
@@ -499,6 +534,8 @@ class _Binder:
                 if alias in self.aliases:
                     raise _reject(f"the alias {alias!r} is defined twice")
                 self.aliases[alias] = self._unqualify(item.this)
+
+        self._find_shared_sum_bases()
 
         # GROUP BY keys
         group = sel.args.get("group")
@@ -632,6 +669,32 @@ def _is_aggregate(node: exp.Expression) -> bool:
         low = func_name(node).lower()
         return low in _VAR_NAMES or low in _NON_DP_AGGREGATES or low in ("count", "sum", "avg")
     return False
+
+
+def _sum_shift(node: exp.Sum) -> tuple[exp.Expression | None, str]:
+    """(e, c) for SUM(e + c), SUM(c + e), SUM(e - c) with c a number literal (c as text, "-…"
+    when subtracted); (e, "0") for another SUM(e); (None, "") for SUM(DISTINCT …)."""
+    arg = node.this
+    if isinstance(arg, exp.Distinct) or arg is None:
+        return None, ""
+
+    def number(n: exp.Expression) -> str | None:
+        return n.this if isinstance(n, exp.Literal) and not n.is_string else None
+
+    def bare(n: exp.Expression) -> exp.Expression:
+        while isinstance(n, exp.Paren):
+            n = n.this
+        return n
+
+    arg = bare(arg)
+    if isinstance(arg, exp.Add):
+        if number(arg.expression) is not None:
+            return bare(arg.this), number(arg.expression)
+        if number(arg.this) is not None:
+            return bare(arg.expression), number(arg.this)
+    if isinstance(arg, exp.Sub) and number(arg.expression) is not None:
+        return bare(arg.this), "-" + number(arg.expression)
+    return arg, "0"
 
 
 def _default_name(node: exp.Expression) -> str:

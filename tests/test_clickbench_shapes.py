@@ -174,3 +174,48 @@ def test_long_strings_move_the_sums_by_at_most_the_declared_bound(cdb, sql):
 def test_avg_length_answers_inside_the_bounds(cdb):
     df = cdb.query(f"SELECT AVG(length(s)) AS l FROM {T}", epsilon=1.0)
     assert 0.0 <= float(df["l"].iloc[0]) <= 64.0
+
+
+# -- shifted sums (ClickBench Q29) -------------------------------------------------------------------
+
+def test_shifted_sums_share_two_quantities(cdb):
+    """SUM(x), SUM(x + 1), SUM(x - 2.5), SUM(3 + (x)): one SUM(x) and one COUNT(x), the shifts are
+    templates over them (post-processing); the charge is still ε."""
+    sql = f"SELECT SUM(x) AS s0, SUM(x + 1) AS s1, SUM(x - 2.5) AS s2, SUM(3 + (x)) AS s3 FROM {T}"
+    plan = _plan(cdb, sql)
+    assert [(a.func, a.arg.sql()) for a in plan.bound.aggregates] == [("sum", "x"), ("count", "x")]
+    assert [o.kind for o in plan.bound.outputs] == ["aggregate", "derived", "derived", "derived"]
+    assert len(plan.quantities) == 2
+    assert sum(m.epsilon for m in plan.cost.mechanisms) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("sql", [
+    f"SELECT SUM(x + 1) AS s FROM {T}",                       # one shift: nothing to share
+    f"SELECT SUM(x + 1) AS a, SUM(x * 2 + 1) AS b FROM {T}",  # different bases
+    f"SELECT SUM(x + 1) AS a, SUM(x + 1) AS b FROM {T}",      # the same shift twice
+])
+def test_unshared_shifted_sums_keep_their_own_quantity(cdb, sql):
+    plan = _plan(cdb, sql)
+    assert all(a.func == "sum" for a in plan.bound.aggregates)
+    assert all(o.kind == "aggregate" for o in plan.bound.outputs)
+
+
+def test_shifted_sum_template_equals_the_direct_sum_without_noise(cdb):
+    """Σ(clip(x) + c) over the kept rows = Σ clip(x) + c · (kept non-NULL rows), with the noise
+    off: the decomposed plan's two quantities give exactly the direct plan's un-noised sum. Both
+    equal the number computed here from the per-unit sums: each unit has 5 rows > M = 3, so its sum
+    is scaled by 3/5 on the grid g = 2^(⌊log2 10⌋ + 1 − 20) (docs/CONTROLLER.md, "Per-row bounds"),
+    and each unit adds 3 rows' shift 7 (S_u·3/5 on the grid is never a tie: no rounding ambiguity)."""
+    entry = cdb.catalog.get(T)
+    shared = make_plan(bind(parse(f"SELECT SUM(x) AS a, SUM(x + 7) AS b FROM {T}"), entry), 1.0, 0.0, QueryOptions())
+    direct = make_plan(bind(parse(f"SELECT SUM(x + 7) AS b FROM {T}"), entry), 1.0, 0.0, QueryOptions())
+    (qs,) = _quantities(cdb, shared, None).values()
+    (qd,) = _quantities(cdb, direct, None).values()
+    g = shared.quantities[0].grid
+    assert g == 2.0 ** -16 and shared.quantities[0].centre == 0.0 and direct.quantities[0].centre == 0.0
+    total = qs[0] * g + 7 * qs[1]
+    assert direct.quantities[0].grid * qd[0] == total
+    per_unit = cdb.raw_query(f"SELECT user_id, sum(x) AS s, count() AS c FROM {T} GROUP BY user_id")
+    assert set(per_unit["c"]) == {5}
+    expected = sum(round(float(s) / g * M / 5) * g for s in per_unit["s"]) + 7 * M * len(per_unit)
+    assert total == expected
