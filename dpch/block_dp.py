@@ -34,7 +34,8 @@ from typing import Any
 from . import calibration as cal
 from .catalog import quote_ident
 from .cost import PrivacyCost
-from .errors import BackendError, CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
+from .early_stop import charge_first
+from .errors import BackendError, CatalogError, InvalidParameter, QueryRejected
 from .mechanisms.block import BlockDP1Mechanism, BlockDP2Mechanism, dlap_mean_halfwidth
 from .typecheck import default_row_sql, with_settings
 
@@ -186,15 +187,9 @@ def block_dp(conn, dataset: str, column: str, *, epsilon: float, statistic: str 
     except Exception:  # noqa: BLE001 - depends on the schema only
         raise QueryRejected(f"column: {column!r} does not type-check for {mechanism}; nothing ran, nothing "
                             f"charged") from None
-    try:
-        ledger = conn.ledger
-    except DPCHError:
-        raise
-    except Exception as exc:  # fail closed
-        raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
     text = (f"BLOCK_DP {mechanism} {statistic}({column}) ON {entry.table} BLOCKS {mech.blocks} "
             f"EPSILON {eps!r}")
-    receipt = ledger.charge(conn.analyst, entry.table, cost, text)
+    ledger, receipt = charge_first(conn, entry.table, cost, text)
     try:
         df = conn.backend.query_df(sql)
         value = float(df["value"].iloc[0])

@@ -148,6 +148,18 @@ class Connection:
         return run_ptr(self, "trimmed_mean", table, column, epsilon=epsilon, delta=delta, where=where, alpha=alpha,
                        bound=bound, rows_hint=rows_hint, **options)
 
+    def refine(self, sql: str, *, epsilon_per_step: float, max_steps: int = 10, target_halfwidth: float | None = None,
+               target_relative: float | None = None, confidence: float = 0.95, on_step=None, **options):
+        """Early stopping (dpch.early_stop, odp_privacy_accounting.md §5): refine an ungrouped
+        COUNT/SUM by independent ε_step-DP measurements until the interval's half-width is ≤
+        ``target_halfwidth`` or ≤ ``target_relative``·|estimate|, at most ``max_steps``. Reserves
+        max_steps·ε_step before anything runs, settles to k·ε_step for the k steps run (Lemma 11)."""
+        from .early_stop import refine
+
+        return refine(self, sql, epsilon_per_step=epsilon_per_step, max_steps=max_steps,
+                      target_halfwidth=target_halfwidth, target_relative=target_relative, confidence=confidence,
+                      on_step=on_step, **options)
+
     def block_dp(self, dataset: str, column: str, *, epsilon: float, statistic: str = "median",
                  mechanism: str = "block_dp_2", blocks: int = 10, ci_level: float = 0.95):
         """A Block-DP I/II mean or median of ``column`` (thesis §5.4, corrected: dpch.block_dp,

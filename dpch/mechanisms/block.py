@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from dpch import calibration as cal
 from dpch.cost import MechanismCost
@@ -243,6 +244,7 @@ def gamma_difference_tail(s: float, k: int) -> float:
     return min(1.0, 2.0 * (val + 1e-15))  # + the mass left outside the window
 
 
+@lru_cache(maxsize=4096)
 def laplace_sum_quantile(k: int, alpha: float) -> float:
     """The least s (up to a 1e-9 relative margin, rounded up) with P(|Σ_{j≤k} L_j| > s) ≤ α for k
     i.i.d. standard Laplace L_j (``gamma_difference_tail``). k = 1: ln(1/α) exactly."""
