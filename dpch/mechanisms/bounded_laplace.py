@@ -327,19 +327,44 @@ class BoundedLaplaceMechanism:
         the ends, where the one-sided law has the same second moment, and smaller in between)."""
         return self.mse(0.5 * (self.lo + self.hi))
 
-    def ci_halfwidth(self, level: float = 0.95) -> float:
-        """h with P[|released − clamp(value)| <= h] >= level for every value: P[|V − c| > k] <=
-        2λ^(k+1)/f(0) (each tail's mass is at most λ^(k+1)/(1 − λ) and the normaliser at least
-        f(0)/(1 − λ)), so k = the least integer with that <= 1 − level; h = r·k + r/2
-        (rounding)."""
-        beta = 1.0 - cal.check_level(level)
+    def tail_probability(self, k: int) -> float:
+        """max over centres j of P(|V − j| > k) for the ideal law P(v | j) ∝ λ^|v − j| on {0..n}
+        (in grid units), in closed form. With u = λ^j + λ^(n−j), a centre with both tails beyond
+        k (k < j < n − k) has P = λ^(k+1)(2 − λ^(−k)u)/(1 + λ − λu), decreasing in u (its
+        derivative has the sign of 2λ − λ^(−k)(1 + λ) < 0), so the middle centre is the worst of
+        them; a centre with one tail (j <= k) has P = λ^(k+1)(1 − λ^(n−j−k))/f(j), decreasing in j
+        (numerator down, f up), so j = 0 is the worst of those. Returns the larger of the two,
+        computed with expm1 (λ is within 2^-39 of 1 at the kernel's scales)."""
+        n = self.grid_points
         tau = float(self.noise_scale_units)
-        f0 = math.exp(_bl_log_f(0, self.grid_points, tau))
-        need = tau * math.log(2.0 / (beta * f0))
-        k = max(0, math.ceil(need * (1.0 + 2.0 ** -40) + 1e-9) - 1)
-        k = min(k, self.grid_points)
+        if k >= n:
+            return 0.0
+
+        def one_minus_pow(m: int) -> float:  # 1 − λ^m
+            return -math.expm1(-m / tau) if m > 0 else 0.0
+
+        lk = math.exp(-(k + 1) / tau)
+        ends = lk * one_minus_pow(n - k) / one_minus_pow(n + 1)
+        j = n // 2
+        num = lk * (max(one_minus_pow(j - k), 0.0) + max(one_minus_pow(n - j - k), 0.0))
+        middle = num / (one_minus_pow(j + 1) + math.exp(-1.0 / tau) * one_minus_pow(n - j))
+        return max(ends, middle)
+
+    def ci_halfwidth(self, level: float = 0.95) -> float:
+        """h with P[|released − clamp(value)| <= h] >= level for every value (§5.7, the noise
+        part): k = the least integer with tail_probability(k)·(1 + 1e-9) <= 1 − level (bisection;
+        the margin covers float error), h = r·k + r/2 (the rounding of the value to the grid). The
+        fallback (probability <= 2^-64) is ignored."""
+        beta = 1.0 - cal.check_level(level)
+        lo_k, hi_k = -1, self.grid_points  # tail(n) = 0 <= β; tail(−1) = 1 > β
+        while hi_k - lo_k > 1:
+            mid = (lo_k + hi_k) // 2
+            if self.tail_probability(mid) * (1.0 + 1e-9) <= beta:
+                hi_k = mid
+            else:
+                lo_k = mid
         r = self.granularity
-        return r * k + r / 2.0
+        return r * hi_k + r / 2.0
 
     def confidence_interval(self, released: float, level: float = 0.95,
                             population_variance: float | None = None, n: int | None = None
