@@ -66,6 +66,25 @@ class Rewritten:
         return with_settings(self.released_sql, settings)
 
 
+_LOW64 = "18446744073709551615"  # 2^64 - 1
+
+
+def _packed_row(x_sql: str) -> str:
+    """One row's Int64 contribution x and its count 1 as one Int128, x·2^64 + 1 (docs/PERFORMANCE.md)."""
+    return f"(bitShiftLeft(toInt128({x_sql}), 64) + 1)"
+
+
+def _unpack_count(packed_sum_sql: str) -> str:
+    """The row count of a sum of ``_packed_row`` values: its low 64 bits (exact below 2^64 rows)."""
+    return f"toInt64(bitAnd({packed_sum_sql}, {_LOW64}))"
+
+
+def _unpack_sum(packed_sum_sql: str) -> str:
+    """The Int64 sum of a sum of ``_packed_row`` values: its high 64 bits, which are Σx modulo 2^64
+    (the count never carries into them), i.e. exactly the value an Int64 ``sum`` wraps to."""
+    return f"toInt64(bitShiftRight({packed_sum_sql}, 64))"
+
+
 def _indent(sql: str, n: int = 2) -> str:
     pad = " " * n
     return "\n".join(pad + line for line in sql.splitlines())
@@ -115,44 +134,93 @@ class _Rewriter:
         return not self._defer_key_filters() and any(
             d is not None and d.filter_sql for d in self.plan.key_domains)
 
+    def by_key_hash(self) -> bool:
+        """User level, public domains for every key, key types known: the per-unit stage carries no
+        key values, only the unit's smallest hash h; the group's key hash kh = h XOR hash(unit)
+        (the key part of h) is the GROUP BY key of the group stage, and the LEFT JOIN from the
+        public domain (whose kh the engine computes by the same function on values of the same type)
+        gives the key values back. Which rows a unit keeps is unchanged; docs/PERFORMANCE.md."""
+        p = self.plan
+        return (not p.entry.row_level and self.nk > 0 and p.key_mode == "public" and p.key_types is not None
+                and self.weighted is None)
+
+    def _unit_part_sql(self, unit_sql: str) -> str:
+        p = self.plan
+        unit_type = p.entry.columns.get(p.entry.privacy_unit or "", "")
+        if is_integer_type(unit_type) and base_type(unit_type) not in ("Int128", "Int256", "UInt128", "UInt256"):
+            return f"intHash64(bitXor(toUInt64({unit_sql}), {UNIT_SALT_PLACEHOLDER}))"
+        return f"cityHash64({unit_sql}, {UNIT_SALT_PLACEHOLDER})"
+
+    def _key_part_sql(self, key_sqls: list[str]) -> str:
+        # a NULL key is a group like any other: hashed inside a tuple (a bare NULL would hash to NULL)
+        keys = [f"tuple({k})" if self.plan.key_nullable(j) else k for j, k in enumerate(key_sqls)]
+        return f"sipHash64Keyed({SALT_PLACEHOLDER}, {', '.join(keys)})"
+
     def unit_hash_sql(self, key_sqls: list[str], unit_sql: str) -> str:
         """h(unit, keys) = sipHash64Keyed(salt, keys) XOR hash(unit, salt'): salted, a function of
         the unit's own (unit, key) pair only. The key part is computed once per distinct value for
         LowCardinality keys; the unit part is an integer hash: cheap per row."""
-        p = self.plan
-        unit_type = p.entry.columns.get(p.entry.privacy_unit or "", "")
-        if is_integer_type(unit_type) and base_type(unit_type) not in ("Int128", "Int256", "UInt128", "UInt256"):
-            unit_hash = f"intHash64(bitXor(toUInt64({unit_sql}), {UNIT_SALT_PLACEHOLDER}))"
-        else:
-            unit_hash = f"cityHash64({unit_sql}, {UNIT_SALT_PLACEHOLDER})"
-        # a NULL key is a group like any other: hashed inside a tuple (a bare NULL would hash to NULL)
-        keys = [f"tuple({k})" if p.key_nullable(j) else k for j, k in enumerate(key_sqls)]
-        return f"bitXor(sipHash64Keyed({SALT_PLACEHOLDER}, {', '.join(keys)}), {unit_hash})"
+        return f"bitXor({self._key_part_sql(key_sqls)}, {self._unit_part_sql(unit_sql)})"
 
     def per_unit_aggregates(self, *, inline: bool) -> list[str]:
         """The per-unit stage's aggregate calls (k = 1 or no GROUP BY), over the rows stage's
         aliases, or (``inline``) over the table's columns: the latter is what a per-unit projection
-        stores (ClickHouse matches projections by expression, so both spell the same thing)."""
+        stores (ClickHouse matches projections by expression, so both spell the same thing). A
+        projection holds every form a query may use: the key values and the minimum hash, and the
+        row count on its own as well as packed with each sum."""
+        named = self._per_unit_named(inline=inline, key_hash=not inline and self.by_key_hash())
+        if not inline:
+            return [a for _, a in named]
+        extra = []
+        if self.nk:
+            h = self._inline_hash()
+            have = {a for _, a in named}
+            extra = [a for a in ([f"min({h})", f"countArgMin({h})"] + self._choose_keys(inline=True))
+                     if a not in have]
+        return [a for _, a in named] + extra
+
+    def _inline_hash(self) -> str:
+        keys = [f"({sql_of(k.expr)})" for k in self.keys]
+        return self.unit_hash_sql(keys, quote_ident(self.plan.entry.privacy_unit))  # type: ignore[arg-type]
+
+    def _choose_keys(self, *, inline: bool) -> list[str]:
+        keys = [f"({sql_of(k.expr)})" for k in self.keys] if inline else [f"__dp_rk{j}" for j in range(self.nk)]
+        h = self._inline_hash() if inline else "__dp_h"
+        return [f"argMin(tuple({k}), {h}).1" if self.plan.key_nullable(j) else f"argMin({k}, {h})"
+                for j, k in enumerate(keys)]
+
+    def _per_unit_named(self, *, inline: bool, key_hash: bool = False) -> list[tuple[str, str]]:
+        """(column, aggregate) pairs of the per-unit stage (k = 1 or no GROUP BY): the chosen
+        group (key values, or the smallest hash ``__dp_mh`` when ``by_key_hash``), the row count
+        ``__dp_c`` and each sum ``__dp_s<i>`` of the rows whose hash is the unit's smallest, and
+        each quantile/distinct quantity's collected pairs ``__dp_sq<i>``.
+
+        Speed (docs/PERFORMANCE.md): each sum is ``sumArgMin`` of an Int128 ``x·2^64 + 1``, so one
+        -ArgMin state gives both the count (the low 64 bits: exact below 2^64 rows) and the Int64
+        sum (the high 64 bits: the sum modulo 2^64, exactly what an Int64 ``sum`` wraps to);
+        ``countArgMin`` is used only without sums. Same values as countArgMin/sumArgMin."""
         if inline:
-            keys = [f"({sql_of(k.expr)})" for k in self.keys]
-            h = self.unit_hash_sql(keys, quote_ident(self.plan.entry.privacy_unit))  # type: ignore[arg-type]
+            h = self._inline_hash() if self.nk else ""
             res = [f"({q.row_sql})" for q in self.row_qs]
-        else:
-            keys = [f"__dp_rk{j}" for j in range(self.nk)]
-            h = "__dp_h"
-            res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
-        if inline:
             rq = [f"({q.row_sql})" for q in self.quant_qs]
         else:
+            h = "__dp_h"
+            res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
             rq = [f"__dp_rq{i}" for i in range(len(self.quant_qs))]
         cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
         pairs = [self._pair(q, r) for q, r in zip(self.quant_qs, rq)]
+        sq = [f"__dp_sq{i}" for i in range(len(pairs))]
         if not self.nk:
-            return ["count()"] + [f"sum({r})" for r in res] + [f"groupArraySorted({cap})({p})" for p in pairs]
-        choose = [f"argMin(tuple({k}), {h}).1" if self.plan.key_nullable(j) else f"argMin({k}, {h})"
-                  for j, k in enumerate(keys)]
-        return choose + [f"countArgMin({h})"] + [f"sumArgMin({r}, {h})" for r in res] + [
-            f"groupArraySortedArgMin({cap})({p}, {h})" for p in pairs]
+            return [("__dp_c", "toInt64(count())")] + [(f"__dp_s{i}", f"sum({r})") for i, r in enumerate(res)] + \
+                list(zip(sq, [f"groupArraySorted({cap})({p})" for p in pairs]))
+        if key_hash:
+            out = [("__dp_mh", f"min({h})")]
+        else:
+            out = [(self._k(j), a) for j, a in enumerate(self._choose_keys(inline=inline))]
+        packed = [f"sumArgMin({_packed_row(r)}, {h})" for r in res]
+        out.append(("__dp_c", _unpack_count(packed[0]) if packed else f"toInt64(countArgMin({h}))"))
+        out += [(f"__dp_s{i}", _unpack_sum(a)) for i, a in enumerate(packed)]
+        return out + list(zip(sq, [f"groupArraySortedArgMin({cap})({p}, {h})" for p in pairs]))
 
     def _pair(self, q: Quantity, value_sql: str) -> str:
         if q.kind == "quantile":
@@ -192,9 +260,12 @@ class _Rewriter:
         return f"sum({sum_prefix}{self.row_qs.index(q)})"
 
     # -- stages -----------------------------------------------------------------------------
-    def groups_sql(self) -> str:
-        """Stages 1-3: per-group bounded aggregates, columns __dp_k<j>, __dp_q<i>."""
+    def groups_sql(self, *, key_hash: bool = False) -> str:
+        """Stages 1-3: per-group bounded aggregates, columns __dp_k<j>, __dp_q<i>; with ``key_hash``
+        and ``by_key_hash()``, column __dp_kh (the groups' key hash) instead of __dp_k<j>, for
+        ``with_public_keys`` to map back to key values."""
         p = self.plan
+        kh = key_hash and self.by_key_hash()
         keys_proj = [f"{sql_of(k.expr)} AS {self._k(j)}" for j, k in enumerate(self.keys)]
         if p.entry.row_level:
             cols = keys_proj + [
@@ -221,16 +292,17 @@ class _Rewriter:
             where = (where + f" AND ({unit} IS NOT NULL)") if where else f"\nWHERE {unit} IS NOT NULL"
         rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{where}"
 
-        s_cols = [f"__dp_s{i}" for i in range(len(self.row_qs))] + [f"__dp_sq{i}" for i in range(len(self.quant_qs))]
         bq_cols = [f"__dp_sq{i} AS __dp_bq{i}" for i in range(len(self.quant_qs))]
         if not self.nk or b.k == 1:
             assert self.weighted is None, "the weighted selection statistic needs the k > 1 path"
             cap = min(b.max_rows, b.rows_per_group)
-            aggs = self.per_unit_aggregates(inline=False)
-            names = [self._k(j) for j in range(self.nk)] + ["__dp_c"] + s_cols
-            per_unit_cols = [f"toInt64({a}) AS {n}" if n == "__dp_c" else f"{a} AS {n}" for a, n in zip(aggs, names)]
+            named = self._per_unit_named(inline=False, key_hash=kh)
+            per_unit_cols = (["__dp_u"] if kh else []) + [f"{a} AS {n}" for n, a in named]
             per_unit = (f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u")
-            scaled = [f"{self._k(j)}" for j in range(self.nk)] + [f"least(__dp_c, {cap}) AS __dp_r"]
+            # the key part of the unit's smallest hash: the key hash of its group
+            head = [f"bitXor(__dp_mh, {self._unit_part_sql('__dp_u')}) AS __dp_kh"] if kh else \
+                [f"{self._k(j)}" for j in range(self.nk)]
+            scaled = head + [f"least(__dp_c, {cap}) AS __dp_r"]
             for i, q in enumerate(self.row_qs):
                 scaled.append(
                     f"if(__dp_c <= {cap}, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * {cap} / __dp_c)), "
@@ -238,28 +310,29 @@ class _Rewriter:
             bounded = f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(per_unit)}\n)"
         else:
             k, C, M = b.k, b.rows_per_group, b.max_rows
-            stage1_cols = ["__dp_u", "__dp_h"] + [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)] + \
+            stage1_cols = ["__dp_u", "__dp_h"] + ([] if kh else [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)]) + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
                 [f"groupArraySorted({C})({self._pair(q, f'__dp_rq{i}')}) AS __dp_sq{i}"
                  for i, q in enumerate(self.quant_qs)]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
-            # per unit: its groups sorted by keyed hash, the first k kept (one sorted array per column,
-            # all sorted by the same hashes, so element i of every array is the same group)
-            def by_hash(col: str, nullable: bool = False) -> str:
-                if nullable:  # groupArray skips NULL: collect 1-tuples, unwrap after sorting
-                    return (f"arrayMap(__dp_t -> __dp_t.1, arraySlice(arraySort((__dp_v, __dp_w) -> __dp_w, "
-                            f"groupArray(tuple({col})), groupArray(__dp_h)), 1, {k}))")
-                return (f"arraySlice(arraySort((__dp_v, __dp_w) -> __dp_w, groupArray({col}), groupArray(__dp_h)), "
-                        f"1, {k})")
-
-            arrays = [f"arraySlice(arraySort(groupArray(__dp_h)), 1, {k}) AS __dp_ah",
-                      f"{by_hash('__dp_c')} AS __dp_ac"] + \
-                [f"{by_hash(self._k(j), p.key_nullable(j))} AS __dp_ak{j}" for j in range(self.nk)] + \
-                [f"{by_hash(f'__dp_s{i}')} AS __dp_as{i}" for i in range(len(self.row_qs))] + \
-                [f"{by_hash(f'__dp_sq{i}')} AS __dp_aq{i}" for i in range(len(self.quant_qs))]
-            stage2 = f"SELECT {', '.join(arrays)}\nFROM (\n{_indent(stage1)}\n)\nGROUP BY __dp_u"
-            passthrough = ["__dp_ah", "__dp_ac"] + [f"__dp_ak{j}" for j in range(self.nk)] + \
+            # per unit: its k groups with the smallest keyed hashes, in hash order: one array per
+            # column, the permutation that sorts the hashes computed once and applied to each (the
+            # hashes of one unit's groups are distinct: the order is unique); element i of every
+            # array is the same group. groupArray skips NULL: a nullable key goes in 1-tuples.
+            fields = ["__dp_h", "__dp_c"] + ([] if kh else [self._k(j) for j in range(self.nk)]) + \
+                [f"__dp_s{i}" for i in range(len(self.row_qs))] + [f"__dp_sq{i}" for i in range(len(self.quant_qs))]
+            names = ["__dp_ah", "__dp_ac"] + ([] if kh else [f"__dp_ak{j}" for j in range(self.nk)]) + \
                 [f"__dp_as{i}" for i in range(len(self.row_qs))] + [f"__dp_aq{i}" for i in range(len(self.quant_qs))]
+            boxed = {self._k(j) for j in range(self.nk) if p.key_nullable(j)}
+            collect = [f"groupArray(tuple({f})) AS {n}" if f in boxed else f"groupArray({f}) AS {n}"
+                       for f, n in zip(fields, names)]
+            gathered = f"SELECT __dp_u, {', '.join(collect)}\nFROM (\n{_indent(stage1)}\n)\nGROUP BY __dp_u"
+            order = f"arraySlice(arraySort((__dp_j, __dp_v) -> __dp_v, arrayEnumerate(__dp_ah), __dp_ah), 1, {k})"
+            picked = [f"arrayMap(__dp_j -> {n}[__dp_j]{'.1' if f in boxed else ''}, __dp_o) AS {n}"
+                      for f, n in zip(fields, names)]
+            stage2 = (f"SELECT __dp_u, {', '.join(picked)}\nFROM (SELECT *, {order} AS __dp_o FROM (\n"
+                      f"{_indent(gathered)}\n))")
+            passthrough = (["__dp_u"] if kh else []) + names
             stage2b = (f"SELECT {', '.join(passthrough)}, "
                        f"arrayMap((__dp_x, __dp_y) -> least(__dp_x, greatest(0, {M} - (__dp_y - __dp_x))), "
                        f"arrayMap(__dp_t -> least(__dp_t, {C}), __dp_ac), "
@@ -267,21 +340,23 @@ class _Rewriter:
                        + (f", {unit_weight_sql('length(__dp_ah)', self.weighted.hi_units)} AS __dp_w"
                           if self.weighted is not None else "")
                        + f"\nFROM (\n{_indent(stage2)}\n)")
-            unfold_cols = [f"__dp_ak{j}[__dp_i] AS {self._k(j)}" for j in range(self.nk)] + \
+            unfold_keys = [f"bitXor(__dp_ah[__dp_i], {self._unit_part_sql('__dp_u')}) AS __dp_kh"] if kh else \
+                [f"__dp_ak{j}[__dp_i] AS {self._k(j)}" for j in range(self.nk)]
+            unfold_cols = unfold_keys + \
                 ["__dp_ac[__dp_i] AS __dp_c", "toInt64(__dp_ra[__dp_i]) AS __dp_r"] + \
                 (["__dp_w"] if self.weighted is not None else []) + \
                 [f"__dp_as{i}[__dp_i] AS __dp_s{i}" for i in range(len(self.row_qs))] + \
                 [f"arraySlice(__dp_aq{i}[__dp_i], 1, __dp_ra[__dp_i]) AS __dp_sq{i}" for i in range(len(self.quant_qs))]
             unfold = (f"SELECT {', '.join(unfold_cols)}\nFROM (\n{_indent(stage2b)}\n)\n"
                       f"ARRAY JOIN arrayEnumerate(__dp_ah) AS __dp_i")
-            scaled = [self._k(j) for j in range(self.nk)] + ["__dp_r"] + (["__dp_w"] if self.weighted is not None else [])
+            scaled = (["__dp_kh"] if kh else [self._k(j) for j in range(self.nk)]) + ["__dp_r"] + (["__dp_w"] if self.weighted is not None else [])
             for i, q in enumerate(self.row_qs):
                 scaled.append(
                     f"if(__dp_c <= __dp_r, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * __dp_r / __dp_c)), "
                     f"__dp_r * ({q.lo_units})), __dp_r * {q.hi_units})) AS __dp_b{i}")
             bounded = f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(unfold)}\n)"
 
-        group_cols = [self._k(j) for j in range(self.nk)]
+        group_cols = ["__dp_kh"] if kh else [self._k(j) for j in range(self.nk)]
         for q in p.quantities:
             if q.kind == "quantile":
                 group_cols.append(f"{self._histogram(f'__dp_bq{self.quant_qs.index(q)}')} AS {q.column}")
@@ -296,20 +371,33 @@ class _Rewriter:
                 group_cols.append(f"toInt64(sum(__dp_r)) AS {q.column}")
             else:
                 group_cols.append(f"toInt64(sum(__dp_b{self.row_qs.index(q)})) AS {q.column}")
-        return f"SELECT {', '.join(group_cols)}\nFROM (\n{_indent(bounded)}\n){self._group_by()}"
+        group_by = "\nGROUP BY __dp_kh" if kh else self._group_by()
+        return f"SELECT {', '.join(group_cols)}\nFROM (\n{_indent(bounded)}\n){group_by}"
 
-    def with_public_keys(self, groups: str) -> str:
+    def with_public_keys(self, groups: str, *, key_hash: bool = False) -> str:
+        """Every public key, LEFT JOINed with the groups' aggregates (missing groups: 0). With
+        ``key_hash`` (``groups`` has __dp_kh, see ``by_key_hash``) the join is on the key hash: the
+        domain's kh is computed from its values cast to the key's engine type, the type the rows
+        stage hashed; a kh that two domain keys share (a sipHash collision under this salt) joins
+        neither, so every unit still reaches at most k released groups."""
         p = self.plan
         if p.key_mode != "public":
             return groups
         key_cols = ", ".join(f"arrayJoin({d.array_sql}) AS {self._k(j)}"  # type: ignore[union-attr]
                              for j, d in enumerate(p.key_domains))
-        on = " AND ".join(f"isNotDistinctFrom(__dp_keys.{self._k(j)}, __dp_agg.{self._k(j)})" if p.key_nullable(j)
-                          else f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
+        if key_hash and self.by_key_hash():
+            typed = [f"CAST({self._k(j)} AS {t})" for j, t in enumerate(p.key_types)]  # type: ignore[arg-type]
+            keys_sql = (f"SELECT *, count() OVER (PARTITION BY __dp_kh) = 1 AS __dp_kh_unique\nFROM (SELECT *, "
+                        f"{self._key_part_sql(typed)} AS __dp_kh FROM (SELECT {key_cols}))")
+            on = "__dp_keys.__dp_kh = __dp_agg.__dp_kh AND __dp_keys.__dp_kh_unique"
+        else:
+            keys_sql = f"SELECT {key_cols}"
+            on = " AND ".join(f"isNotDistinctFrom(__dp_keys.{self._k(j)}, __dp_agg.{self._k(j)})" if p.key_nullable(j)
+                              else f"__dp_keys.{self._k(j)} = __dp_agg.{self._k(j)}" for j in range(self.nk))
         cols = [f"__dp_keys.{self._k(j)} AS {self._k(j)}" for j in range(self.nk)] + \
             [f"__dp_agg.{q.column} AS {q.column}" if q.kind == "quantile"
              else f"toInt64(ifNull(__dp_agg.{q.column}, 0)) AS {q.column}" for q in p.quantities]
-        return (f"SELECT {', '.join(cols)}\nFROM (SELECT {key_cols}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
+        return (f"SELECT {', '.join(cols)}\nFROM ({keys_sql}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
                 f"AS __dp_agg ON {on}")
 
     def _selection_first_sql(self, inner: str) -> str:
@@ -396,8 +484,6 @@ class _Rewriter:
             values = (f"arrayMap(__dp_b -> least(greatest({float_literal(lo)} + (toFloat64(__dp_b) + 0.5) * {width}, "
                       f"{float_literal(lo)}), {float_literal(hi)}), {qs[ap.roles['quantile']].noisy_column})")
             return f"{values}[1]" if ap.func == "quantile" else values
-        if "mean" in ap.roles:  # mechanism="bounded_laplace": AVG released directly, in its bounds
-            return qs[ap.roles["mean"]].noisy_column
         if ap.func in ("count", "count_distinct_unit", "count_distinct"):
             return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
         if ap.func == "sum":
@@ -467,8 +553,8 @@ class _Rewriter:
         return sql, tuple(o.name for o in bound.outputs), tuple(f"{c}_out" for c in internal)
 
     def build(self) -> Rewritten:
-        groups = self.groups_sql()
-        keyed = self.with_public_keys(groups)
+        groups = self.groups_sql(key_hash=True)
+        keyed = self.with_public_keys(groups, key_hash=True)
         if self.plan.top_k is not None:
             if self.plan.selection is not None:
                 keyed = self._selection_first_sql(keyed)

@@ -1,5 +1,7 @@
 """`dpch audit "SQL" --epsilon 1.0`: empirical privacy audit of one query on neighbouring datasets
-(see dpch.audit and docs/AUDIT.md). Exit status 0 when consistent, 1 on a VIOLATION."""
+(see dpch.audit and docs/AUDIT.md). `dpch audit --svt --epsilon 1.0 --design`: the sparse-vector
+session's audit, overall and per output-DP class (dpch.audit.svt, docs/AUDIT.md §10). Exit status
+0 when consistent, 1 on a VIOLATION."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +16,9 @@ def register(subparsers) -> None:
                     "choose output events on half the samples, certify them on the other half, and "
                     "report the empirical ε lower bound with a verdict. Trusted/admin operation: it "
                     "runs the query thousands of times, so use test or synthetic data.")
-    p.add_argument("sql", help="the query to audit (a dp_* SQL function query, or analyst SQL with --via controller)")
+    p.add_argument("sql", nargs="?", default=None,
+                   help="the query to audit (a dp_* SQL function query, or analyst SQL with --via controller); "
+                        "not with --svt")
     p.add_argument("--epsilon", type=float, required=True, help="the claimed ε")
     p.add_argument("--delta", type=float, default=0.0, help="the claimed δ (default 0)")
     p.add_argument("--neighbour", "--neighbor", default=None, choices=KINDS,
@@ -44,6 +48,26 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the classifiers (not of the noise)")
     p.add_argument("--data-dir", default=None, help="embedded data directory (default $DPCH_DATA_DIR or ./.dpch_data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("sparse vector (--svt; docs/AUDIT.md §10)")
+    g.add_argument("--svt", action="store_true",
+                   help="audit the sparse-vector session (dpch.svt) instead of one query: ε_LB overall and per "
+                        "output class (c′ ⊤ answers) against the ε the session settles for that class")
+    g.add_argument("--design", action="store_true",
+                   help="build the near-tight design (dpch.audit.svt.svt_design) in --database and audit it")
+    g.add_argument("--database", default="dpch_audit_svt", help="database for --design (default dpch_audit_svt)")
+    g.add_argument("--d", dest="svt_d", default=None, metavar="TABLE", help="dataset D (without --design)")
+    g.add_argument("--dprime", dest="svt_dprime", default=None, metavar="TABLE",
+                   help="dataset D′, a neighbour of D (without --design)")
+    g.add_argument("--queries", default=None, metavar="FILE",
+                   help="test queries, one per line, {table} standing for the dataset (without --design)")
+    g.add_argument("--threshold", type=float, default=None, help="the session's threshold T (--design: its own)")
+    g.add_argument("--max-positives", "-c", type=int, default=1, help="c: stop after c ⊤ answers (default 1)")
+    g.add_argument("--real-sessions", type=int, default=30,
+                   help="genuine sessions per side checking the fast path (default 30; 0: skip)")
+    g.add_argument("--slow", action="store_true", help="run every sample as a genuine session (no fast path)")
+    g.add_argument("--analyst", default=None,
+                   help="the analyst whose budget the sessions charge (default: the OS user; --design gives "
+                        "it a large odp budget on the design's tables)")
     p.set_defaults(func=_run)
 
 
@@ -69,8 +93,80 @@ def _parse_record(items: list[str]) -> dict[str, object]:
     return out
 
 
+def _svt_inputs(db, args: argparse.Namespace) -> tuple[str, str, list[str], float]:
+    """(D, D′, queries, threshold) from --design or --d/--dprime/--queries/--threshold."""
+    from dpch.audit.svt import build_svt_design, svt_design
+    from dpch.errors import InvalidParameter
+
+    if args.design:
+        if args.svt_d or args.svt_dprime or args.queries:
+            raise InvalidParameter("--design builds D, D′ and the queries: not with --d/--dprime/--queries")
+        design = svt_design(args.epsilon, args.max_positives)
+        d, dp, queries = build_svt_design(db, design, database=args.database)
+        threshold = design.threshold if args.threshold is None else args.threshold
+        return d, dp, queries, threshold
+    missing = [flag for flag, v in (("--d", args.svt_d), ("--dprime", args.svt_dprime),
+                                    ("--queries", args.queries), ("--threshold", args.threshold)) if v is None]
+    if missing:
+        raise InvalidParameter(f"--svt needs --design, or {', '.join(missing)}")
+    try:
+        with open(args.queries, encoding="utf-8") as f:
+            queries = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("--")]
+    except OSError as exc:
+        raise InvalidParameter(f"--queries: cannot read {args.queries}: {exc.strerror}") from None
+    if not queries:
+        raise InvalidParameter("--queries: the file has no query")
+    if any("{table}" not in q for q in queries):
+        raise InvalidParameter("--queries: every query must read {table} (the dataset, D or D′)")
+    return args.svt_d, args.svt_dprime, queries, args.threshold
+
+
+def _svt_json(report) -> str:
+    import json
+
+    return json.dumps({
+        "epsilon": report.epsilon, "max_positives": report.max_positives, "samples": report.samples,
+        "confidence": report.confidence, "settled_epsilon_per_class": list(report.claims),
+        "certificates": [{"class": c.cls, "claimed": c.claimed, "epsilon_lb": c.epsilon_lb,
+                          "violation": c.violation, "favours": c.favours, "k_d": c.k_d, "k_dprime": c.k_dprime,
+                          "n": c.n, "event": ["".join("T" if b else "F" for b in a) for a in c.event]}
+                         for c in report.certificates],
+        "fast_path_p_value": report.fast_path_p_value, "real_sessions": report.real_sessions,
+        "real_spent_ok": report.real_spent_ok, "violation": report.violation}, indent=2)
+
+
+def _run_svt(args: argparse.Namespace) -> int:
+    import dpch
+    from dpch.audit.svt import audit_svt
+    from dpch.errors import InvalidParameter
+
+    if args.sql is not None:
+        raise InvalidParameter("--svt audits the sparse-vector session: give no SQL (--design or --queries)")
+    if args.max_positives < 1:
+        raise InvalidParameter("--max-positives must be >= 1")
+    if args.real_sessions < 0:
+        raise InvalidParameter("--real-sessions must be >= 0")
+    try:
+        with dpch.connect(args.data_dir, analyst=args.analyst) as db:
+            d, dp, queries, threshold = _svt_inputs(db, args)
+            report = audit_svt(db, d, dp, queries, threshold, args.epsilon, args.max_positives,
+                               samples=args.samples, real_sessions=args.real_sessions,
+                               confidence=args.confidence, fast=not args.slow)
+    except ValueError as exc:
+        raise InvalidParameter(str(exc)) from exc
+    print(_svt_json(report) if args.json else report.summary())
+    return 1 if report.violation else 0
+
+
 def _run(args: argparse.Namespace) -> int:
     import sys
+
+    if args.svt:
+        return _run_svt(args)
+    if args.sql is None:
+        from dpch.errors import InvalidParameter
+
+        raise InvalidParameter("dpch audit needs the SQL to audit (or --svt)")
 
     import dpch
     from dpch.audit import audit
