@@ -358,3 +358,30 @@ def correct_svt():
     """The real session class (for symmetry with the broken ones)."""
     from dpch.svt import SparseVector
     return SparseVector
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-DP (dpch.mechanisms.block): deliberately broken calibrations
+# ---------------------------------------------------------------------------------------------
+def broken_block_dp1_per_row_scale(lo: float, hi: float, blocks: int, max_rows: int, statistic: str, eps: float):
+    """Block-DP I calibrated as if a unit touched ONE value block (the thesis's Thm 5.4.2 proof at
+    user level): per-block Laplace at laplace_scale(w, ε) although a unit's max_rows rows may fall
+    in min(max_rows, m) blocks. Its privacy_function still claims ε (it reports touched = 1)."""
+    from dpch import calibration as cal
+    from dpch.mechanisms.block import BlockDP1Mechanism, block_edges, max_block_width
+
+    class PerRowBlockDP1(BlockDP1Mechanism):
+        @property
+        def touched(self) -> int:
+            return 1
+
+    w = max_block_width(block_edges(lo, hi, blocks))
+    return PerRowBlockDP1(lo, hi, blocks, max_rows, "add_remove", statistic, cal.laplace_scale(w, eps))
+
+
+def broken_block_dp2_row_blocks(entry):
+    """Block-DP II with blocks by row hash instead of by unit (the catalog entry seen as row level):
+    a unit's rows spread over several blocks, while the noise is calibrated for one (Λ0/m)."""
+    import dataclasses
+
+    return dataclasses.replace(entry, privacy_unit=None)
