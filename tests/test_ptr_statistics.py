@@ -143,9 +143,10 @@ def tmean(xs, alpha: Fraction, shift: int = 0, size: int | None = None) -> float
 
 
 def tmean_width(xs, alpha, k) -> float:
+    """Upper end: the trimmed window of the largest size n + k over x_(i+k); lower end: that of
+    the smallest size max(0, n − k) over x_(i−k)."""
     n = len(xs)
-    sizes = range(max(0, n - k), n + k + 1)
-    return max(tmean(xs, alpha, k, s) for s in sizes) - min(tmean(xs, alpha, -k, s) for s in sizes)
+    return tmean(xs, alpha, k, n + k) - tmean(xs, alpha, -k, max(0, n - k))
 
 
 def bound_stat(width, xs, step, beta, cap) -> int:

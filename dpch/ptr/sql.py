@@ -130,7 +130,7 @@ def prefix_sum(j: str) -> str:
 
 
 def window_mean(alpha: Fraction, size: str, shift: str) -> str:
-    """(1/m) Σ_{i=a+1}^{size−a} x_(i+shift), a = ⌊α·size/2⌋, m = size − 2a (0 if m = 0): the
+    """(1/m) Σ_{i=a+1}^{size−a} x_(i+shift), a = ⌊α·size/2⌋, m = size − 2a (0 if m ≤ 0): the
     α-trimmed mean of a sorted sample of ``size`` rows, its order statistics shifted by ``shift``."""
     a = f"intDiv({alpha.numerator} * ({size}), {2 * alpha.denominator})"
     m = f"(({size}) - 2 * {a})"
@@ -139,11 +139,12 @@ def window_mean(alpha: Fraction, size: str, shift: str) -> str:
 
 
 def trimmed_width(alpha: Fraction, k: str) -> str:
-    """U_k − L_k: max over sizes n′ ∈ [n−k, n+k] of the window mean of x_(i+k), minus the min of
-    the window mean of x_(i−k): every dataset within k rows has its trimmed mean in [L_k, U_k]."""
-    sizes = f"range(toUInt64(greatest(toInt64(0), n - ({k}))), toUInt64(n + ({k}) + 1))"
-    hi = f"arrayMax(arrayMap(__dp_s -> {window_mean(alpha, '__dp_s', k)}, {sizes}))"
-    lo = f"arrayMin(arrayMap(__dp_s -> {window_mean(alpha, '__dp_s', f'-({k})')}, {sizes}))"
+    """U_k − L_k with U_k = the window mean of x_(i+k) for the largest size n + k and L_k = that of
+    x_(i−k) for the smallest size max(0, n − k): every dataset y within k rows has its trimmed mean
+    in [L_k, U_k] (y_(i) ≤ x_(i+k), and the mean of a window of a non-decreasing sequence grows
+    with both ends of the window, which grow with the size; docs/PTR.md, Lemma P2). O(1) per k."""
+    hi = window_mean(alpha, f"n + ({k})", k)
+    lo = window_mean(alpha, f"greatest(toInt64(0), n - ({k}))", f"-({k})")
     return f"({hi} - {lo})"
 
 
