@@ -242,6 +242,9 @@ REJECTS = [
      "mixed_rule"),
     ("SELECT COUNT(*) AS n FROM {t}", dict(mixed_rule="variance"), 1e-6, InvalidParameter, "mixed_rule"),
     ("SELECT COUNT(*) AS n FROM {t}", dict(mechanism="bounded_Laplace"), 1e-6, InvalidParameter, "mechanism"),
+    # private partition selection: age (Float64) has no public key domain
+    ("SELECT age AS h, COUNT(DISTINCT uid) AS u FROM {t} GROUP BY h",
+     dict(mechanism="bounded_laplace", output_range=(0, 10)), 1e-6, QueryRejected, "partition selection"),
 ]
 
 

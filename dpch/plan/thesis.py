@@ -94,6 +94,11 @@ def choose_bounded(planner, agg_plans: list[AggregatePlan], released: list[Quant
     choice: dict[int, str] = {}
     for q in released:
         if q.is_selection:  # partition selection's count keeps its own rule (and is charged by it)
+            if q.aggregates:  # an output would be that count, not a bounded release: say so
+                texts = ", ".join(agg_plans[a].call.text for a in q.aggregates)
+                raise QueryRejected(f"mechanism='bounded_laplace': {texts} is released by private partition "
+                                    "selection's own noisy count here, not within an output range; declare "
+                                    "public keys for the GROUP BY (keys=...) or drop it from the query")
             choice[q.index] = "laplace"
             continue
         if q.kind == "quantile":
