@@ -1,0 +1,195 @@
+"""The restructured per-unit stage (issue 17, docs/PERFORMANCE.md) releases the same pre-noise
+values as the bounding rule it implements.
+
+The rule (docs/CONTROLLER.md, "Contribution bounding"; unchanged by the restructuring): a unit keeps
+the k groups whose keyed hash h(unit, keys) is smallest; in each kept group at most C rows count, and
+at most M over its kept groups in hash order (r_i = min(min(c_i, C), max(0, M - Σ_{j<i} min(c_j, C))));
+a kept group with c_i > r_i rows contributes each sum scaled by r_i / c_i, rounded (half to even, as
+ClickHouse rounds Float64) and clamped to r_i·[L, H]. The group stage sums those contributions, and a
+public key domain lists every key (missing ones 0).
+
+``reference`` below implements that rule in Python over the per-row inputs (unit, keys, h, each
+quantity's fixed-point row value), which the engine computes with the rewriter's own row expressions
+(the rows stage, which the restructuring did not touch). The test runs the rewritten query with the
+noise UDFs replaced by the identity and partition selection off (``rewrite_for_sensitivity_check``)
+and asserts exact equality of every group's noisy-quantity inputs: k = 1 (the packed count/sum and
+the key-hash join), k > 1 (one sort per unit), row caps, WHERE, NULL keys, integer and String keys,
+and several aggregates. The data are fixed (seeded), the check deterministic: no tolerance.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpch.bind import sql_of
+from dpch.catalog import quote_ident
+from dpch.controller import prepare
+from dpch.rewrite import _Rewriter, rewrite_for_sensitivity_check
+
+TABLE = "eqv.rows"
+DOMAIN_G = ["a", "b", "c", "d", "e", None]
+
+
+@pytest.fixture(scope="module")
+def edb(db):
+    rng = np.random.default_rng(20261124)
+    units = rng.integers(0, 400, size=6000)
+    rows = pd.DataFrame({
+        "user_id": units.astype(np.uint64),
+        # g: a unit's rows spread over 1-4 of 7 values (two outside the public domain), some NULL
+        "g": [None if v == 6 else "abcdefz"[v] for v in (units * 7 + rng.integers(0, 4, size=units.size)) % 7],
+        "gs": [f"s{v}" for v in rng.integers(0, 12, size=units.size)],
+        "d": rng.integers(0, 12, size=units.size).astype(np.uint8),  # bounds (0, 9): 10, 11 outside
+        "amount": np.where(rng.random(units.size) < 0.02, np.nan, rng.uniform(-20, 150, size=units.size)),
+        "age": rng.integers(10, 110, size=units.size).astype(np.uint8),
+    })
+    db.command("CREATE DATABASE IF NOT EXISTS eqv")
+    db.command(f"DROP TABLE IF EXISTS {TABLE}")
+    db.command(f"CREATE TABLE {TABLE} (user_id UInt64, g Nullable(String), gs String, d UInt8, amount Float64, "
+               "age UInt8) ENGINE = MergeTree ORDER BY tuple()")
+    db.backend.insert_df(TABLE, rows)
+    db.catalog.register(TABLE, privacy_unit="user_id", bounds={"amount": (0, 100), "age": (18, 99), "d": (0, 9)},
+                        max_groups_contributed=1, max_rows_per_unit=10, public_keys={"g": DOMAIN_G})
+    return db
+
+
+def _norm(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return int(v)
+    if isinstance(v, (np.integer, int)):
+        return int(v)
+    return str(v)
+
+
+def _row_inputs(db, plan) -> pd.DataFrame:
+    """Per row: unit, keys, h and each row quantity's fixed-point value, by the rewriter's own row
+    expressions and filters (the rows stage)."""
+    rw = _Rewriter(plan, noise=False, selection=False, table=None)
+    keys = [f"({sql_of(k.expr)})" for k in rw.keys]
+    unit = quote_ident(plan.entry.privacy_unit)
+    h = rw.unit_hash_sql(keys, unit) if keys else "toUInt64(0)"  # no GROUP BY: one group per unit
+    cols = [f"{unit} AS u", f"{h} AS h"] + [f"tuple({k}) AS k{j}" for j, k in enumerate(keys)] + \
+        [f"toInt64({q.row_sql}) AS x{i}" for i, q in enumerate(rw.row_qs)]
+    where = rw._where(key_filters=not rw._defer_key_filters())
+    df = db.raw_query(rw._salted(f"SELECT {', '.join(cols)} FROM {plan.entry.table_sql}{where}"))
+    df["key"] = [tuple(_norm(t[0]) for t in ts) for ts in zip(*[df[f"k{j}"] for j in range(len(keys))])] \
+        if keys else [()] * len(df)
+    return df
+
+
+def reference(db, plan) -> dict[tuple, list[int]]:
+    """The bounding rule in Python: per group, the value of every released quantity before noise."""
+    rw = _Rewriter(plan, noise=False, selection=False, table=None)
+    b = plan.bounding
+    k, C, M = b.k, b.rows_per_group, b.max_rows
+    if k == 1:
+        C = M = min(C, M)  # the k = 1 path caps at min(C, M), the same rule
+    df = _row_inputs(db, plan)
+    nx = len(rw.row_qs)
+    per_group: dict[tuple, list] = {}
+    for _, rows in df.groupby("u", sort=False):
+        groups = {}
+        for h, key, *xs in zip(rows["h"], rows["key"], *[rows[f"x{i}"] for i in range(nx)]):
+            g = groups.setdefault(int(h), [key, 0] + [0] * nx)
+            g[1] += 1
+            for i, x in enumerate(xs):
+                g[2 + i] += int(x)
+        used = 0
+        for h in sorted(groups)[:k]:
+            key, c, *s = groups[h]
+            r = min(min(c, C), max(0, M - used))
+            used += min(c, C)
+            acc = per_group.setdefault(key, [0, 0] + [0] * nx)
+            acc[0] += 1  # units
+            acc[1] += r  # capped rows
+            for i, q in enumerate(rw.row_qs):
+                v = s[i] if c <= r else min(max(int(round(s[i] * r / c)), r * q.lo_units), r * q.hi_units)
+                acc[2 + i] += v
+    out = {}
+    for key, acc in per_group.items():
+        vals = []
+        for q in plan.quantities:
+            if not q.released:
+                continue
+            vals.append(acc[0] if q.kind == "units" else acc[1] if q.row_sql is None else acc[2 + rw.row_qs.index(q)])
+        out[key] = vals
+    return out
+
+
+def released(db, plan) -> tuple[dict[tuple, list[int]], list[str]]:
+    rw = rewrite_for_sensitivity_check(plan)
+    df = db.raw_query(rw.sql)
+    key_cols = [o.name for o in plan.bound.outputs if o.kind == "key"]
+    out = {tuple(_norm(df[c].iloc[i]) for c in key_cols): [int(df[c].iloc[i]) for c in rw.internal_columns]
+           for i in range(len(df))}
+    return out, list(rw.internal_columns)
+
+
+CASES = [
+    # (query, options, delta); g: public (nullable, LowCardinality-free String), d: bounded integer,
+    # gs: no public domain (partition selection: keys carried as values)
+    ("SELECT g, COUNT(*) AS n, SUM(amount) AS s, AVG(age) AS a FROM {t} GROUP BY g", {}, 0.0),
+    ("SELECT g, COUNT(*) AS n, SUM(amount) AS s FROM {t} WHERE age > 30 GROUP BY g",
+     {"max_rows_per_unit": 4}, 0.0),
+    ("SELECT g, d, COUNT(*) AS n, SUM(amount - 50) AS s, VAR_POP(age) AS v FROM {t} GROUP BY g, d",
+     {"max_rows_per_unit": 7}, 0.0),
+    ("SELECT gs, COUNT(*) AS n, SUM(amount) AS s, COUNT(DISTINCT user_id) AS u FROM {t} GROUP BY gs", {}, 1e-6),
+    ("SELECT COUNT(*) AS n, SUM(amount) AS s, AVG(age) AS a FROM {t} WHERE d < 5", {}, 0.0),
+    # k > 1: one sort per unit; row caps per group and per unit
+    ("SELECT g, COUNT(*) AS n, SUM(amount) AS s, AVG(age) AS a FROM {t} GROUP BY g",
+     {"max_groups_contributed": 3, "max_rows_per_unit": 12, "max_rows_per_group": 5}, 0.0),
+    ("SELECT d, COUNT(*) AS n, SUM(amount) AS s FROM {t} WHERE amount > 10 GROUP BY d",
+     {"max_groups_contributed": 4, "max_rows_per_unit": 9}, 0.0),
+    ("SELECT g, d, COUNT(*) AS n, STDDEV_POP(amount) AS sd FROM {t} GROUP BY g, d",
+     {"max_groups_contributed": 5, "max_rows_per_unit": 20, "max_rows_per_group": 3}, 0.0),
+    ("SELECT gs, COUNT(*) AS n, SUM(age) AS s FROM {t} GROUP BY gs",
+     {"max_groups_contributed": 2, "max_rows_per_unit": 6}, 1e-6),
+    ("SELECT g, COUNT(*) AS n, SUM(amount) AS s FROM {t} GROUP BY g",
+     {"max_groups_contributed": 4, "max_rows_per_unit": 8, "keys": {"g": ["a", "b", None]}}, 0.0),
+]
+
+
+@pytest.mark.parametrize("sql,opts,delta", CASES)
+def test_pre_noise_values_equal_reference(edb, sql, opts, delta):
+    plan = prepare(edb, sql.format(t=TABLE), epsilon=1.0, delta=delta, **opts).plan
+    got, cols = released(edb, plan)
+    ref = reference(edb, plan)
+    assert cols and got, "the query released nothing"
+    zero = [0] * len(cols)
+    for key, vals in got.items():
+        assert vals == ref.get(key, zero), (key, cols)
+    if plan.key_mode == "public":
+        # every group the rule fills lies outside the domain if it was not released
+        missing = {key for key, vals in ref.items() if key not in got and any(vals)}
+        domain = set(got)
+        assert not (missing & domain)
+    else:  # selection off: every group with a unit is released
+        assert set(ref) == set(got)
+    # the check has teeth: the rule really cut rows or groups here
+    assert any(v for vals in got.values() for v in vals)
+
+
+def test_key_hash_path_is_used_and_differs_from_values_path(edb):
+    """Public keys with known types take the key-hash join (no key values in the per-unit stage);
+    keys without a public domain carry their values. Both are covered by the cases above."""
+    pub = prepare(edb, f"SELECT g, COUNT(*) AS n FROM {TABLE} GROUP BY g", epsilon=1.0).plan
+    sel = prepare(edb, f"SELECT gs, COUNT(*) AS n FROM {TABLE} GROUP BY gs", epsilon=1.0, delta=1e-6).plan
+    assert _Rewriter(pub, noise=False, selection=False, table=None).by_key_hash()
+    assert "__dp_kh" in rewrite_for_sensitivity_check(pub).sql
+    assert not _Rewriter(sel, noise=False, selection=False, table=None).by_key_hash()
+    assert "__dp_kh" not in rewrite_for_sensitivity_check(sel).sql
+
+
+def test_reference_detects_a_wrong_cap(edb):
+    """The comparison can fail: the same plan with a different row cap gives other values."""
+    plan = prepare(edb, f"SELECT g, COUNT(*) AS n, SUM(amount) AS s FROM {TABLE} GROUP BY g", epsilon=1.0,
+                   max_rows_per_unit=3).plan
+    other = prepare(edb, f"SELECT g, COUNT(*) AS n, SUM(amount) AS s FROM {TABLE} GROUP BY g", epsilon=1.0,
+                    max_rows_per_unit=4).plan
+    got, _ = released(edb, plan)
+    assert got != reference(edb, other)
