@@ -385,3 +385,36 @@ def broken_block_dp2_row_blocks(entry):
     import dataclasses
 
     return dataclasses.replace(entry, privacy_unit=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Propose-test-release (dpch.ptr): run classes with a deliberately broken noisy test
+# ---------------------------------------------------------------------------------------------
+def _ptr_run(name: str, test_sql):
+    """A PtrRun whose noisy tests render ``test_sql(test, statistic_sql)`` instead of the noisy
+    comparison (same thresholds, same releases, same declared cells)."""
+    import dataclasses
+
+    from dpch.ptr import NoisyTest, PtrRun
+
+    class BrokenTest(NoisyTest):
+        def sql(self, statistic_sql: str) -> str:
+            return test_sql(self, statistic_sql)
+
+    class BrokenRun(PtrRun):
+        def make_test(self, epsilon, delta, bad_at_most):
+            t = NoisyTest.make(epsilon, delta, bad_at_most)
+            return BrokenTest(*[getattr(t, f.name) for f in dataclasses.fields(t)])
+
+    BrokenRun.__name__ = BrokenRun.__qualname__ = name
+    return BrokenRun
+
+
+def broken_ptr_release_without_test():
+    """Releases the noisy statistic whatever its distance to instability (the test always passes)."""
+    return _ptr_run("PtrReleaseWithoutTest", lambda t, s: "toUInt8(1)")
+
+
+def broken_ptr_test_without_noise():
+    """Compares the distance to instability with the threshold without noise."""
+    return _ptr_run("PtrTestWithoutNoise", lambda t, s: f"toUInt8(toInt64({s}) >= {t.threshold})")

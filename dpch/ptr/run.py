@@ -240,17 +240,18 @@ class PtrRun:
         beta = c * scale_units * step * (test.threshold + 2.0 * test.tau) / self.rows_hint  # type: ignore[operator]
         return max(beta, 1.0)  # at least one bucket
 
-    def fast_sql(self, runs: int) -> tuple[str, tuple[float, float]]:
+    def fast_sql(self, runs: int, read: str | None = None) -> tuple[str, tuple[float, float]]:
         """The SQL of ``runs`` independent runs of a one-stage statistic (the IQR, or the median /
         trimmed mean with ``bound``) in one query: the same text as ``run`` executes, with the
-        noise level over ``numbers(runs)`` (dpch.ptr.sql). For the audit and the statistical
-        tests; charges nothing (the caller is trusted: it reads the dataset)."""
+        noise level over ``numbers(runs)`` (dpch.ptr.sql). ``read``: quoted SQL of another table
+        read through this table's plan and salt (a neighbour D′ as the mechanism sees it). For the
+        audit and the statistical tests; charges nothing (the caller is trusted: it reads data)."""
         from ..rewrite import _Rewriter
 
         if self.composed:
             raise InvalidParameter("the fast path covers one-stage runs: the IQR, or a median/trimmed mean with bound")
         _, plan, step, (lo, hi) = self._plan()
-        rw = _Rewriter(plan, noise=False, selection=False, table=None)
+        rw = _Rewriter(plan, noise=False, selection=False, table=read)
         groups = rw._salted(rw.groups_sql())
         st = self.stages()[0]
         if st.name == "scale":
