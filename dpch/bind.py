@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 
-from .catalog import TableEntry
+from .catalog import TableEntry, base_type, date_kind
 from .errors import QueryRejected
 from .parse import DIALECT, ParsedQuery
 
@@ -465,6 +465,32 @@ class _Binder:
         shift = exp.Mul(this=exp.Literal.number(c.lstrip("-")), expression=count)
         return exp.Paren(this=(exp.Sub if negative else exp.Add)(this=total, expression=shift))
 
+    def _in_column_type(self, node: exp.Expression, placeholder: exp.Expression) -> exp.Expression:
+        """MIN/MAX/median/quantile of a bare Date/DateTime column is released on the column's
+        numbers (days / seconds since the epoch, bounded by the catalog's dates); the template
+        converts the released number back to the column's type (post-processing)."""
+        q = self._quantile(node, "")
+        arg = q[1] if q is not None else None
+        kind = date_kind(self.entry.columns.get(arg.name, "")) if isinstance(arg, exp.Column) else None
+        if kind is None:
+            return placeholder
+        if q[0] == "quantiles":
+            raise _reject(f"{sql_of(node)}: quantiles of a Date/DateTime column are not supported; "
+                          "use quantile(q)(col) for each level")
+        typ = base_type(self.entry.columns[arg.name])
+
+        def call(name: str, *args: exp.Expression) -> exp.Expression:
+            return exp.Anonymous(this=name, expressions=list(args))
+
+        rounded = call("round", placeholder)
+        if typ == "Date":
+            return call("toDate", call("toUInt16", rounded))
+        if typ == "Date32":
+            return call("toDate32", call("toInt32", rounded))
+        zone = typ[len("DateTime("):-1].strip() if typ.startswith("DateTime(") else None
+        tz = [exp.Literal.string(zone.strip("'"))] if zone else []
+        return call("toDateTime", call("toUInt32", rounded), *tz)
+
     # -- templates ----------------------------------------------------------------------------
     def _template(self, node: exp.Expression, where: str, *, use_aliases: bool) -> exp.Expression:
         """Replace aggregates and group keys by placeholders; resolve aliases (HAVING/ORDER BY)."""
@@ -479,7 +505,7 @@ class _Binder:
                 shifted = self._shifted_sum(n)
                 if shifted is not None:
                     return shifted
-                return exp.column(f"{AGG_PREFIX}{self._aggregate(n)}")
+                return self._in_column_type(n, exp.column(f"{AGG_PREFIX}{self._aggregate(n)}"))
             for key in self.keys:
                 if n == key.expr:
                     return exp.column(key.placeholder)

@@ -11,6 +11,8 @@ Per table (qualified as ``database.table``):
 - ``bounds``: per-column clipping bounds ``(lo, hi)``. Columns may be registered without bounds;
   an aggregate that needs one is then rejected with a message naming the bound to declare. A key
   ``"length(col)"`` of a String column declares bounds of its length in bytes (``AVG(length(URL))``);
+  bounds of a Date/DateTime column are dates (``('2013-07-01', '2013-07-31')``), kept as days /
+  seconds since the epoch (MIN/MAX/median/quantile of the column return its type);
 - ``max_groups_contributed`` (k): how many GROUP BY groups one unit may contribute to;
 - ``max_rows_per_unit`` (m): how many rows of one unit reach the aggregation, over all its groups
   (a unit with more rows has its contribution scaled down to m rows' worth: a per-unit clamp);
@@ -114,6 +116,36 @@ def length_bound_key(column: str) -> str:
     """The ``bounds`` key under which the catalog keeps declared bounds of ``length(column)``
     (bytes) for a String column, e.g. ``bounds={"length(URL)": (0, 4096)}``."""
     return f"length({column})"
+
+
+def date_kind(ch_type: str) -> str | None:
+    """"date" for Date/Date32 (values in days since 1970-01-01), "datetime" for DateTime (seconds
+    since the epoch), None otherwise (DateTime64 is a Decimal: not bounded)."""
+    t = base_type(ch_type)
+    if t in ("Date", "Date32"):
+        return "date"
+    if t == "DateTime" or t.startswith("DateTime("):
+        return "datetime"
+    return None
+
+
+def date_bound_number(value: Any, kind: str) -> float:
+    """A bound of a Date (days) or DateTime (seconds, UTC) column as a number: an ISO string
+    ('2013-07-01', '2013-07-01 12:00:00'), a datetime.date/datetime, or already a number."""
+    import datetime as dt
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        value = dt.date.fromisoformat(text) if len(text) == 10 else dt.datetime.fromisoformat(text)
+    if kind == "date" and isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return float((value - dt.date(1970, 1, 1)).days)
+    if kind == "datetime" and isinstance(value, dt.datetime):
+        return float(value.replace(tzinfo=value.tzinfo or dt.timezone.utc).timestamp())
+    if kind == "datetime" and isinstance(value, dt.date):
+        return float(dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc).timestamp())
+    raise TypeError(value)
 
 
 def is_string_type(ch_type: str) -> bool:
@@ -475,13 +507,18 @@ class Catalog:
                 col = length_bound_key(target)
             elif col not in registered:
                 raise CatalogError(f"bounds given for {col!r}, which is not a registered column of {qualified}")
-            elif not is_numeric_type(registered[col]):
+            elif not is_numeric_type(registered[col]) and date_kind(registered[col]) is None:
                 raise CatalogError(f"bounds given for {col!r}, which is not numeric ({registered[col]})")
+            kind = None if length_of is not None else date_kind(registered[col])
             try:
                 lo, hi = pair
+                if kind is not None:  # Date/DateTime: kept as days / seconds since the epoch
+                    lo, hi = date_bound_number(lo, kind), date_bound_number(hi, kind)
                 lo_f, hi_f = float(lo), float(hi)
             except (TypeError, ValueError):
-                raise CatalogError(f"bounds of {col!r} must be a pair (lo, hi) of numbers") from None
+                what = "dates ('2013-07-01') or numbers" if kind == "date" else \
+                    "date-times ('2013-07-01 00:00:00', UTC) or numbers" if kind == "datetime" else "numbers"
+                raise CatalogError(f"bounds of {col!r} must be a pair (lo, hi) of {what}") from None
             if isinstance(lo, bool) or isinstance(hi, bool) or not (math.isfinite(lo_f) and math.isfinite(hi_f)):
                 raise CatalogError(f"bounds of {col!r} must be finite numbers")
             if lo_f > hi_f:

@@ -27,6 +27,7 @@ T = f"{DB}.hits"
 M = 3
 HEAVY = 7  # the unit whose long strings D′ removes
 LONG = 10_000
+DATE_BOUNDS = {"day": ("2024-01-01", "2024-12-31"), "ts": ("2024-01-01 00:00:00", "2024-02-01 00:00:00")}
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +35,15 @@ def cdb(db):
     db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
     db.command(f"DROP TABLE IF EXISTS {T}")
     db.command(f"CREATE TABLE {T} (user_id UInt64, s String, fs FixedString(8), ns Nullable(String), "
-               "region String, x Float64) ENGINE = MergeTree ORDER BY user_id")
+               "region String, x Float64, day Date, ts DateTime('UTC')) ENGINE = MergeTree ORDER BY user_id")
     # 40 units x 5 rows; strings of 1..40 bytes; unit HEAVY's strings are LONG bytes
     db.command(f"INSERT INTO {T} SELECT intDiv(number, 5) AS user_id, "
                f"if(user_id = {HEAVY}, repeat('z', {LONG}), repeat('a', 1 + number % 40)) AS s, "
                "toFixedString('abc', 8) AS fs, if(number % 3 = 0, NULL, 'xy') AS ns, "
-               "['a', 'b'][1 + number % 2] AS region, toFloat64(number % 10) AS x FROM numbers(200)")
-    db.catalog.register(T, privacy_unit="user_id", bounds={"x": (0, 10), "LENGTH(`s`)": (0, 64)},
+               "['a', 'b'][1 + number % 2] AS region, toFloat64(number % 10) AS x, "
+               f"if(user_id = {HEAVY}, toDate('2099-12-31'), toDate('2024-01-01') + number) AS day, "
+               "toDateTime('2024-01-01 00:00:00', 'UTC') + number * 3600 AS ts FROM numbers(200)")
+    db.catalog.register(T, privacy_unit="user_id", bounds={"x": (0, 10), "LENGTH(`s`)": (0, 64), **DATE_BOUNDS},
                         max_groups_contributed=1, max_rows_per_unit=M, public_keys={"region": ["a", "b"]})
     db.ledger.set_budget(db.analyst, T, epsilon=1e6, delta=0.5)
     db.command(f"DROP TABLE IF EXISTS {DB}.hits_minus")
@@ -219,3 +222,53 @@ def test_shifted_sum_template_equals_the_direct_sum_without_noise(cdb):
     assert set(per_unit["c"]) == {5}
     expected = sum(round(float(s) / g * M / 5) * g for s in per_unit["s"]) + 7 * M * len(per_unit)
     assert total == expected
+
+
+# -- MIN/MAX/quantiles of Date/DateTime columns (ClickBench Q6) --------------------------------------
+
+def test_date_bounds_are_stored_as_epoch_numbers(cdb):
+    """Days / seconds since 1970-01-01 UTC, checked against the engine's own conversion."""
+    b = cdb.catalog.get(T).bounds
+    ref = cdb.raw_query("SELECT toInt64(toDate('2024-01-01')) AS d0, toInt64(toDate('2024-12-31')) AS d1, "
+                        "toInt64(toDateTime('2024-02-01 00:00:00', 'UTC')) AS t1")
+    assert b["day"] == (float(ref["d0"].iloc[0]), float(ref["d1"].iloc[0])) == (19723.0, 20088.0)
+    assert b["ts"][1] == float(ref["t1"].iloc[0])
+
+
+@pytest.mark.parametrize("bounds, message", [
+    ({"day": ("2024-01-01 00:00:00", "2024-12-31")}, "must be a pair \\(lo, hi\\) of dates"),
+    ({"day": ("2024-13-01", "2024-12-31")}, "must be a pair \\(lo, hi\\) of dates"),
+    ({"ts": ("yesterday", "2024-12-31")}, "of date-times"),
+    ({"day": ("2024-12-31", "2024-01-01")}, "lower bound must not exceed"),
+])
+def test_bad_date_bounds_are_rejected(cdb, bounds, message):
+    with pytest.raises(CatalogError, match=message):
+        cdb.catalog.register(T, privacy_unit="user_id", bounds=bounds)
+
+
+def test_min_max_of_dates_return_dates_inside_the_bounds(cdb):
+    """The released values are of the column's type and inside the declared bounds whatever the
+    noise (unit HEAVY's 2099-12-31 is clipped to the upper bound)."""
+    import datetime as dt
+
+    df = cdb.query(f"SELECT MIN(day) AS lo, MAX(day) AS hi, median(ts) AS m, quantile(0.9)(ts) AS q FROM {T}",
+                   epsilon=1.0)
+    for col in ("lo", "hi"):
+        v = df[col].iloc[0]
+        assert dt.date(2024, 1, 1) <= (v.date() if hasattr(v, "date") else v) <= dt.date(2024, 12, 31)
+    for col in ("m", "q"):
+        v = df[col].iloc[0]
+        assert str(v)[:7] in ("2024-01", "2024-02")
+    bound = bind(parse(f"SELECT MIN(day) AS lo FROM {T}"), cdb.catalog.get(T))
+    assert bound.outputs[0].kind == "derived" and "toDate(toUInt16(round(" in bound.outputs[0].template.sql(dialect="clickhouse")
+
+
+def test_date_bound_expression_is_the_epoch_number(cdb):
+    node = parse(f"SELECT MIN(day) FROM {T}").select.expressions[0].this
+    iv, sql, _ = bound_expression(node, cdb.catalog.get(T), "MIN(day)")
+    assert iv == (19723.0, 20088.0) and sql.startswith("least(greatest(toFloat64(toInt64(`day`))")
+
+
+def test_quantiles_array_of_a_date_is_rejected(cdb):
+    with pytest.raises(QueryRejected, match="quantiles of a Date/DateTime column are not supported"):
+        cdb.explain(f"SELECT quantiles(0.1, 0.9)(day) FROM {T}", epsilon=1.0)

@@ -40,6 +40,8 @@ BOUNDS = {
     "MobilePhone": (0, 255),         # phone vendor ids
     "RegionID": (0, 9999),           # region ids
     "UserID": (0, 2**63 - 1),        # the unit's identifier, non-negative Int64
+    "EventDate": ("2013-07-01", "2013-07-31"),  # the month the data covers
+    "EventTime": ("2013-07-01 00:00:00", "2013-08-01 00:00:00"),
     "length(URL)": (0, 2048),        # URL length in bytes (the usual limit of browsers and servers)
     "length(Referer)": (0, 2048),
 }

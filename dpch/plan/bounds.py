@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 from sqlglot import exp
 
 from ..bind import func_name, sql_of
-from ..catalog import TableEntry, base_type, is_integer_type, is_nullable, is_string_type, length_bound_key, quote_ident
+from ..catalog import (TableEntry, base_type, date_kind, is_integer_type, is_nullable, is_string_type,
+                       length_bound_key, quote_ident)
 from ..errors import QueryRejected
 
 # Implicit bounds from small integer types (documented in docs/CONTROLLER.md).
@@ -141,6 +142,8 @@ def _column(b: _Bounder, n: exp.Column) -> Bounded:
     lo, hi = b.column_bounds(n.name)
     col = quote_ident(n.name)
     typ = base_type(b.entry.columns.get(n.name, ""))
+    if date_kind(typ) is not None:  # Date/DateTime as its number: days / seconds since the epoch
+        return (lo, hi), f"least(greatest(toFloat64(toInt64({col})), {float_literal(lo)}), {float_literal(hi)})"
     if is_integer_type(typ) and typ not in _WIDE_INTS:
         return (lo, hi), f"least(greatest({col}, {float_literal(lo)}), {float_literal(hi)})"
     if is_integer_type(typ):  # no common type of Int64/UInt64 and Float64: clip in Float64

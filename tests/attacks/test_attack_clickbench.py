@@ -7,7 +7,8 @@ every other name has 4) and registers it at k = 3, M = 10 with the declared leng
 ``length(name) ∈ [0, 8]``, which unit 42's name exceeds. New shapes: ``length()`` of a String column
 inside aggregates (ClickBench Q27), ``GROUP BY 1`` of a constant SELECT item (Q34), many sums of
 shifted values (Q29), several keys that are functions of one column (Q35), a CASE key over a string
-(Q39) and a DATE_TRUNC key ordered by itself with an OFFSET (Q42).
+(Q39), a DATE_TRUNC key ordered by itself with an OFFSET (Q42), and MIN/MAX/median of Date and
+DateTime columns bounded by declared dates (Q6; unit 42's dates are in 2099).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from .test_attacks import DELTA_SEL, C, check_case
 
 PAIR = "cb"
 LENGTH_BOUND = 8
+# unit 42's day (2099-12-31) and ts (2099-12-31 23:59:59) are far above these
+DATE_BOUNDS = {"day": ("2024-01-01", "2024-12-31"), "ts": ("2024-01-01 00:00:00", "2025-01-01 00:00:00")}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def cb_pair(adb):
     adb.command(f"INSERT INTO {minus} SELECT * FROM {harness.DB}.d_minus")
     for t in (full, minus):
         adb.catalog.register(t, privacy_unit="user_id",
-                             bounds={**harness.BOUNDS, "length(name)": (0, LENGTH_BOUND)},
+                             bounds={**harness.BOUNDS, "length(name)": (0, LENGTH_BOUND), **DATE_BOUNDS},
                              max_groups_contributed=3, max_rows_per_unit=10,
                              public_keys={"region": harness.PUBLIC_REGIONS})
         adb.ledger.set_budget(adb.analyst, t, epsilon=1e6, delta=0.5)
@@ -78,6 +81,17 @@ CASES = [
     C("cb_case_key", "SELECT region, CASE WHEN (qty = 0 AND flag) THEN name ELSE '' END AS src, COUNT(*) AS pv "
                      "FROM {t} GROUP BY region, src ORDER BY pv DESC LIMIT 10 OFFSET 1",
       "CASE key that is unit 42's name", pair=PAIR, delta=DELTA_SEL, must_answer=True),
+    # -- Q6: MIN/MAX of dates (unit 42's day and ts in 2099, clipped to the declared dates)
+    C("cb_min_max_date", "SELECT MIN(day) AS lo, MAX(day) AS hi FROM {t}", "MIN/MAX(day) with unit 42's far day",
+      pair=PAIR, must_answer=True),
+    C("cb_median_datetime_public", "SELECT region, median(ts) AS m, MAX(ts) AS x FROM {t} GROUP BY region",
+      "median/MAX(ts) by public keys", pair=PAIR, must_answer=True),
+    C("cb_max_date_unit42_only", "SELECT MAX(day) AS hi FROM {t} WHERE user_id = 42", "MAX(day) of unit 42 only",
+      pair=PAIR, must_answer=True),
+    C("cb_quantiles_date", "SELECT quantiles(0.1, 0.9)(day) AS q FROM {t}", "quantiles array of a Date (rejected)",
+      pair=PAIR),
+    C("cb_min_date_undeclared", "SELECT MIN(toDate(ts)) AS d FROM {t}", "MIN of a converted date (rejected)",
+      pair=PAIR),
     # -- Q42: DATE_TRUNC key ordered by itself, with an OFFSET (unit 42's ts in 2099)
     C("cb_date_trunc_minute", "SELECT DATE_TRUNC('minute', ts) AS m, COUNT(*) AS pv FROM {t} "
                               "GROUP BY DATE_TRUNC('minute', ts) ORDER BY DATE_TRUNC('minute', ts) LIMIT 10 OFFSET 5",
