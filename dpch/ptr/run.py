@@ -186,6 +186,16 @@ class PtrRun:
         b = plan.bound
         if b.grouped or b.keys or len(plan.quantities) != 1 or plan.quantities[0].kind != "quantile":
             raise QueryRejected("propose-test-release reads one numeric column of one table, ungrouped; nothing ran")
+        if b.having is not None or b.order or b.limit is not None or b.offset:
+            raise QueryRejected("propose-test-release: where must be a row filter (no HAVING, ORDER BY, LIMIT); "
+                                "nothing ran")
+        try:
+            named = self.conn.catalog.qualify(self.table)
+        except CatalogError as exc:
+            raise QueryRejected(str(exc)) from None
+        if prepared.dataset != named:
+            raise QueryRejected(f"propose-test-release: column/where must not read another table than {named}; "
+                                f"nothing ran")
         if getattr(plan.entry, "public", False):
             raise QueryRejected(f"{prepared.dataset} is a public table: nothing to protect, nothing to charge")
         q = plan.quantities[0]
