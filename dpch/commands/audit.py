@@ -39,6 +39,13 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", default=None, metavar="METHOD",
                    help="with --via controller: how a top-n query is answered (auto, peeling, post_processing), "
                         "as dpch query --top-k (checked by the planner)")
+    p.add_argument("--mechanism", default=None, metavar="NAME",
+                   help="with --via controller: the noise mechanism, as dpch query --mechanism (e.g. "
+                        "bounded_laplace, mixed; checked by the planner)")
+    p.add_argument("--output-range", action="append", default=[], metavar="[COLUMN=]LO,HI",
+                   help="with --via controller and --mechanism bounded_laplace: as dpch query --output-range")
+    p.add_argument("--mixed-rule", default=None, metavar="RULE",
+                   help="with --via controller and --mechanism mixed: thesis or variance")
     p.add_argument("--methods", default="search,logistic,boosting",
                    help="comma-separated: search, logistic, boosting (default all)")
     p.add_argument("--pilot", type=int, default=1000, help="runs per candidate in the worst-case search")
@@ -176,7 +183,14 @@ def _run(args: argparse.Namespace) -> int:
     if not methods:
         raise InvalidParameter("--methods must name at least one method")
     options = {}
-    for flag, name, value in (("--selection", "selection", args.selection), ("--top-k", "top_k", args.top_k)):
+    thesis = []
+    if args.output_range:
+        from dpch.commands.query import _output_range
+
+        thesis.append(("--output-range", "output_range", _output_range(args.output_range)))
+    for flag, name, value in (("--selection", "selection", args.selection), ("--top-k", "top_k", args.top_k),
+                              ("--mechanism", "mechanism", args.mechanism),
+                              ("--mixed-rule", "mixed_rule", args.mixed_rule), *thesis):
         if value is not None:
             if args.via != "controller":
                 raise InvalidParameter(f"{flag} needs --via controller")
