@@ -29,17 +29,24 @@ def _indent(sql: str) -> str:
 
 
 def sorted_rows_sql(groups_sql: str) -> str:
-    """One row: ``xs`` (the bounded rows' buckets, sorted, Int64) and ``n`` = length(xs)."""
-    return ("SELECT arrayFlatten(arrayMap((__dp_b, __dp_c) -> arrayWithConstant(__dp_c, toInt64(__dp_b)), "
-            "__dp_q0.1, __dp_q0.2)) AS xs, toInt64(length(xs)) AS n,\n"
-            "  arrayConcat([toInt64(0)], arrayCumSum(xs)) AS ps\n"
+    """One row: the bounded histogram as ``bk`` (sorted buckets, Int64), ``cum`` (cumulative
+    counts), ``cs`` (cumulative Σ bucket·count) and ``n`` (rows). Its size is the number of distinct
+    buckets (≤ 2^16), whatever the number of rows: memory and time do not grow with n."""
+    return ("SELECT arrayMap(__dp_b -> toInt64(__dp_b), __dp_q0.1) AS bk,\n"
+            "  arrayCumSum(arrayMap(__dp_c -> toInt64(__dp_c), __dp_q0.2)) AS cum,\n"
+            "  arrayCumSum(arrayMap((__dp_b, __dp_c) -> toInt64(__dp_b) * toInt64(__dp_c), __dp_q0.1, __dp_q0.2)) AS cs,\n"
+            "  toInt64(arraySum(__dp_q0.2)) AS n\n"
             f"FROM (\n{_indent(groups_sql)}\n)")
+
+
+def _position(j: str) -> str:
+    """The histogram entry holding the j-th smallest row (1 ≤ j ≤ n; 0 otherwise)."""
+    return f"toUInt64(arrayFirstIndex(__dp_c -> __dp_c >= ({j}), cum))"
 
 
 def order_stat(i: str) -> str:
     """x_(i), extended (module docstring)."""
-    return (f"if(({i}) < 1, toInt64(0), if(({i}) > n, toInt64({TOP}), "
-            f"xs[toUInt64(greatest(1, least({i}, n)))]))")
+    return f"if(({i}) < 1, toInt64(0), if(({i}) > n, toInt64({TOP}), bk[{_position(i)}]))"
 
 
 def rank(p: Fraction, n: str = "n") -> str:
@@ -124,9 +131,11 @@ def median_value() -> str:
 
 
 def prefix_sum(j: str) -> str:
-    """Σ_{i ≤ j} x_(i) over the extended order statistics with index ≥ 1 (0 for j ≤ 0)."""
-    return (f"if(({j}) <= 0, toInt64(0), if(({j}) <= n, ps[toUInt64(least({j}, n)) + 1], "
-            f"ps[toUInt64(n) + 1] + (({j}) - n) * {TOP}))")
+    """Σ_{1 ≤ i ≤ j} x_(i) over the extended order statistics (0 for j ≤ 0; x_(i) = B − 1 past n):
+    for 1 ≤ j ≤ n, the sum through the entry t holding x_(j), minus its (cum[t] − j) rows past j."""
+    t = _position(f"least({j}, n)")
+    return (f"if(({j}) <= 0, toInt64(0), if(({j}) <= n, cs[{t}] - (cum[{t}] - ({j})) * bk[{t}], "
+            f"cs[-1] + (({j}) - n) * {TOP}))")
 
 
 def window_mean(alpha: Fraction, size: str, shift: str) -> str:
