@@ -272,3 +272,31 @@ def test_date_bound_expression_is_the_epoch_number(cdb):
 def test_quantiles_array_of_a_date_is_rejected(cdb):
     with pytest.raises(QueryRejected, match="quantiles of a Date/DateTime column are not supported"):
         cdb.explain(f"SELECT quantiles(0.1, 0.9)(day) FROM {T}", epsilon=1.0)
+
+
+# -- EXTRACT(unit FROM t) (ClickBench Q18's key) -----------------------------------------------------
+
+@pytest.mark.parametrize("unit, function", [("minute", "toMinute"), ("YEAR", "toYear"), ("Day", "toDayOfMonth"),
+                                            ("second", "toSecond"), ("QUARTER", "toQuarter")])
+def test_extract_is_the_date_part_function(cdb, unit, function):
+    b = bind(parse(f"SELECT extract({unit} FROM ts) AS m, COUNT(*) AS c FROM {T} GROUP BY m"), cdb.catalog.get(T))
+    assert [k.sql for k in b.keys] == [f"{function}(ts)"] and b.keys[0].name == "m"
+
+
+def test_extract_key_answers_and_matches_the_engine(cdb):
+    """Partition selection releases only keys that exist: every released hour is one of the
+    engine's own toHour values."""
+    df = cdb.query(f"SELECT EXTRACT(HOUR FROM ts) AS h, COUNT(*) AS c FROM {T} WHERE EXTRACT(DAY FROM day) = 1 "
+                   "GROUP BY h", epsilon=1.0, delta=1e-6)
+    assert list(df.columns) == ["h", "c"]
+    hours = set(cdb.raw_query(f"SELECT DISTINCT toHour(ts) AS h FROM {T}")["h"])
+    assert set(df["h"]) <= hours
+
+
+@pytest.mark.parametrize("sql, message", [
+    (f"SELECT EXTRACT(EPOCH FROM ts) AS e, COUNT(*) FROM {T} GROUP BY e", "extract"),
+    (f"SELECT EXTRACT(MINUTE FROM day) AS e, COUNT(*) FROM {T} GROUP BY e", "does not type-check"),
+])
+def test_other_extracts_are_rejected_before_the_charge(cdb, sql, message):
+    with pytest.raises(QueryRejected, match=message):
+        cdb.query(sql, epsilon=1.0, delta=1e-6)

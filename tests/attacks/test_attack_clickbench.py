@@ -92,6 +92,12 @@ CASES = [
       pair=PAIR),
     C("cb_min_date_undeclared", "SELECT MIN(toDate(ts)) AS d FROM {t}", "MIN of a converted date (rejected)",
       pair=PAIR),
+    # -- Q18's key: EXTRACT(minute FROM ts) (unit 42's minute 59 is its own; the others are on the hour)
+    C("cb_extract_minute_key", "SELECT extract(minute FROM ts) AS m, COUNT(*) AS c FROM {t} GROUP BY m "
+                               "ORDER BY c DESC LIMIT 10", "EXTRACT(minute) key of unit 42's own minute", pair=PAIR,
+      delta=DELTA_SEL, must_answer=True),
+    C("cb_extract_year_where", "SELECT COUNT(*) AS n FROM {t} WHERE EXTRACT(YEAR FROM day) = 2099",
+      "EXTRACT(YEAR) filter that only unit 42 passes", pair=PAIR, must_answer=True),
     # -- Q42: DATE_TRUNC key ordered by itself, with an OFFSET (unit 42's ts in 2099)
     C("cb_date_trunc_minute", "SELECT DATE_TRUNC('minute', ts) AS m, COUNT(*) AS pv FROM {t} "
                               "GROUP BY DATE_TRUNC('minute', ts) ORDER BY DATE_TRUNC('minute', ts) LIMIT 10 OFFSET 5",
