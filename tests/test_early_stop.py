@@ -338,3 +338,42 @@ def test_cli_refine_and_block(tmp_path):
     assert "after 1 of at most 4 steps (target); ε reserved 20, charged 5" in lines[1]
     assert lines[2].startswith("block_dp_1 mean(x) on c.t: ") and "ε spent 1" in lines[2]
     assert "give --target-halfwidth or --target-relative" in out.stderr
+
+
+def test_exact_odp_per_stopping_class():
+    """The ODP claim of Lemma 11 checked exactly on the implemented loop (``run_steps``, relative
+    target: the stop depends on the released values): k_n = 3, Δ = 1, ε_step = 0.7, the kernel's
+    τ; D has q = 10, D′ has q = 11 (and the reverse). For every released sequence y of length k
+    in a window (each y_j in [−5, 27]), P(M(D) = y) = Π_j DLap_τ(y_j − q) if the loop stops at
+    exactly k on y (else 0). Per class k: max ratio ≤ e^{k·ε_step} = e^{E(P_k)}, and > e^{(k−1)·ε_step}
+    (so settling a cell lower would understate the loss)."""
+    eps, kn = 0.7, 3
+    mech = LaplaceMechanism.calibrated(1, eps, integer=True)
+    tau = mech.noise_scale_units
+    level = 1 - 0.05 / kn
+
+    def pmf(k):
+        return (1 - math.exp(-1 / tau)) / (1 + math.exp(-1 / tau)) * math.exp(-abs(k) / tau)
+
+    def stops_at(seq):
+        it = iter(seq)
+        ys: list[int] = []
+        try:
+            run_steps(lambda k: next(it), ys, kn, 1.0, mech, level, None, 0.3)
+        except StopIteration:
+            return None  # the loop wanted more values than the sequence has: not a complete output
+        return len(ys) if len(ys) == len(seq) else None
+
+    window = range(-5, 28)
+    worst = {1: 0.0, 2: 0.0, 3: 0.0}
+    for k in (1, 2, 3):
+        for seq in itertools.product(window, repeat=k):
+            if stops_at(seq) != k:
+                continue
+            for qa, qb in ((10, 11), (11, 10)):
+                pa = math.prod(pmf(y - qa) for y in seq)
+                pb = math.prod(pmf(y - qb) for y in seq)
+                worst[k] = max(worst[k], math.log(pa / pb))
+    for k, loss in worst.items():
+        assert loss <= k * eps + 1e-9, (k, loss)
+        assert loss > (k - 1) * eps, (k, loss)
