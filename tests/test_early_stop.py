@@ -8,6 +8,9 @@ What is measured:
   explicit recursion over the output tree), and the closed forms: Lemma 11 with basic
   composition Σ_i Σ_{k≤k_i} δ_k ≥ Eq. (4) = Σ_i (1 − Π_{k≤k_i}(1 − δ_k)) ≥ Eq. (3) =
   1 − Π_{k≤k_n}(1 − δ_k); with δ_k = 0 everything is 0 and E(P_i) = Σ_{k≤k_i} ε_k;
+- the ODP claim itself, exactly, on the implemented loop with a data-dependent stop: per stopping
+  class k the worst log-ratio of P(y | D)/P(y | D′) over released sequences is in
+  ((k − 1)·ε_step, k·ε_step];
 - the ledger: one charge of k_n·ε_step before anything runs, settled to exactly i·ε_step when the
   run stops at step i (odp and basic accountants; zcdp stays at the worst case); a step failing at
   run time leaves the charge failed at the worst case; an exception in on_step settles to the
