@@ -229,6 +229,8 @@ class _Binder:
         self.aliases: dict[str, exp.Expression] = {}  # alias -> original select expression (unqualified)
         self.output_templates: dict[str, exp.Expression] = {}  # alias -> its template
         self.shared_sum_bases: set[str] = set()  # see _shifted_sum
+        self._sum_shifts: dict[int, tuple] = {}  # id(SUM node) -> (e, c, SQL of e)
+        self._shared_refs: dict[str, tuple[int, int]] = {}  # SQL of e -> (SUM(e), COUNT(e)) indices
 
     # -- columns ------------------------------------------------------------------------------
     def _unqualify(self, node: exp.Expression) -> exp.Expression:
@@ -443,9 +445,11 @@ class _Binder:
         shifts: dict[str, set[str]] = {}
         for root in roots:
             for n in root.find_all(exp.Sum):
-                base, c = _sum_shift(self._unqualify(n.copy()))
+                base, c = _sum_shift(self._unqualify(n))  # in place, as the templates do
                 if base is not None:
-                    shifts.setdefault(sql_of(base), set()).add(c)
+                    text = sql_of(base)
+                    self._sum_shifts[id(n)] = (base, c, text)
+                    shifts.setdefault(text, set()).add(c)
         self.shared_sum_bases = {b for b, cs in shifts.items() if len(cs) >= 2}
 
     def _shifted_sum(self, node: exp.Expression) -> exp.Expression | None:
@@ -456,11 +460,19 @@ class _Binder:
         function of released values is post-processing (Dwork & Roth Prop. 2.1), so the query
         stays ε-DP with the same charge; its k shifted sums split the budget over 2 quantities
         instead of k (ClickHouse's own optimizer rewrites sum(x + c) the same way)."""
-        base, c = _sum_shift(node)
-        if base is None or c == "0" or sql_of(base) not in self.shared_sum_bases:
+        if not self.shared_sum_bases:
             return None
-        total = exp.column(f"{AGG_PREFIX}{self._aggregate(exp.Sum(this=base.copy()))}")
-        count = exp.column(f"{AGG_PREFIX}{self._aggregate(exp.Count(this=base.copy()))}")
+        base, c, text = self._sum_shifts.get(id(node)) or (*_sum_shift(node), None)
+        if base is None or c == "0":
+            return None
+        text = text or sql_of(base)
+        if text not in self.shared_sum_bases:
+            return None
+        if text not in self._shared_refs:  # one SUM(e) and one COUNT(e) per base
+            self._shared_refs[text] = (self._aggregate(exp.Sum(this=base.copy())),
+                                       self._aggregate(exp.Count(this=base.copy())))
+        i, j = self._shared_refs[text]
+        total, count = exp.column(f"{AGG_PREFIX}{i}"), exp.column(f"{AGG_PREFIX}{j}")
         negative = c.startswith("-")
         shift = exp.Mul(this=exp.Literal.number(c.lstrip("-")), expression=count)
         return exp.Paren(this=(exp.Sub if negative else exp.Add)(this=total, expression=shift))
