@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large clean
+.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -96,6 +96,14 @@ bench-large: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_large.py --rows 100000000 --base-rows 10000000 --reps 3 \
 		--out bench/out/large.json --markdown bench/out/large.md
+
+# ClickBench-style workload (issue 17): the 43 public ClickBench queries on a synthetic hits table
+# (Zipf users and URLs, UserID the unit, k = 5, M = 100), DP / plain side by side at 10 M rows
+# (store cached in bench/.data/clickbench-10000000; `--rows 1000000` for a quick run; see bench/RESULTS.md).
+bench-clickbench: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 3 \
+		--out bench/out/clickbench.json --markdown bench/out/clickbench.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)
