@@ -300,3 +300,29 @@ def test_extract_key_answers_and_matches_the_engine(cdb):
 def test_other_extracts_are_rejected_before_the_charge(cdb, sql, message):
     with pytest.raises(QueryRejected, match=message):
         cdb.query(sql, epsilon=1.0, delta=1e-6)
+
+
+# -- the workload itself ----------------------------------------------------------------------------
+
+def test_the_clickbench_workload_is_answered_as_classified(db):
+    """bench/clickbench: every query classified DP-expressible passes the controller up to the
+    charge (explain: parse, bind, plan, rewrite, type check; nothing runs, nothing is charged) on
+    a small generated hits table, and every other one is rejected."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from clickbench import schema
+    from clickbench.queries import QUERIES
+
+    assert len(QUERIES) == 43
+    schema.build(db, 20_000, 2_000)
+    outcome = {}
+    for q in QUERIES:
+        try:
+            db.explain(q.sql, epsilon=1.0, delta=1e-6)
+            outcome[q.name] = True
+        except QueryRejected:
+            outcome[q.name] = False
+    assert outcome == {q.name: q.expressible for q in QUERIES}
+    assert sum(q.expressible for q in QUERIES) == 31
