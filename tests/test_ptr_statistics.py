@@ -14,7 +14,11 @@ What is measured:
   holding every value present, ±1, and both ends 0 and 2^16 − 1): |A(x) − A(x′)| ≤ 1, and A ≥ 2
   (gap) / D ≥ 1 (median, trimmed mean) imply that x′'s gap is in x's bin / |f(x) − f(x′)| ≤ β;
 - that the gap statistic never exceeds the true distance to instability (a BFS over datasets up to
-  that many add/remove steps, K = 1): the test is conservative.
+  that many add/remove steps, K = 1): the test is conservative;
+- the tests' privacy relation exactly (sums of the discrete Laplace pmf): Def. 9 conditions 2 and 4
+  for a PTR function, and Lemma 10's cells for M_IQR (⊥ within e^{2ε_u}, releases within e^{ε_u}
+  and e^{2ε_u} in their tests, a bad discretisation releasing with probability ≤ δ/2); the same
+  check fails at half the noise scale.
 All checks are deterministic (no noise is drawn here).
 """
 from __future__ import annotations
@@ -307,3 +311,63 @@ def test_gap_statistic_is_a_lower_bound_of_the_true_distance():
     for xs in random_datasets(11, 15, 6, 9) + clustered_datasets(11, 15, 4, 8):
         a = gap_stat(xs, p1, p2, edges, 1, 4)
         assert min(a, 3) <= true_distance(xs, p1, p2, edges, 3), xs
+
+
+# ------------------------------------------------------------------------------------------------
+# The tests' privacy relation, exactly (discrete Laplace summed term by term)
+# ------------------------------------------------------------------------------------------------
+
+def pass_prob(tau: float, a: int, t: int) -> float:
+    """P(a + Z ≥ t) = P(Z ≥ t − a), Z ~ DLap(τ), by summation (P(Z ≥ m) = 1 − P(Z ≥ 1 − m))."""
+    return tail_by_sum(tau, t - a) if t >= a else 1.0 - tail_by_sum(tau, a - t + 1)
+
+
+def fail_prob(tau: float, a: int, t: int) -> float:
+    """P(a + Z < t) = P(Z ≥ a − t + 1) by symmetry, summed directly (no 1 − p cancellation)."""
+    return tail_by_sum(tau, a - t + 1) if a - t + 1 >= 0 else 1.0 - tail_by_sum(tau, t - a)
+
+
+@pytest.mark.parametrize("eps,delta", [(1.0, 1e-6), (1 / 3, 5e-7), (2.0, 1e-9)])
+def test_ptr_function_relation(eps, delta):
+    """Def. 9 for the median/trimmed-mean test (a0 = 0): for every statistic value A ≤ cap and its
+    unit neighbours A ± 1, P(pass) and P(⊥) change by at most e^ε (condition 2, so E(⊥) = ε), and
+    a bad statistic (A = 0) passes with probability ≤ δ (condition 4). Summed independently."""
+    t = NoisyTest.make(eps, delta, 0)
+    bound = math.exp(eps) * (1 + 1e-9)
+    for a in range(0, t.cap + 1):
+        p, f = pass_prob(t.tau, a, t.threshold), fail_prob(t.tau, a, t.threshold)
+        assert p + f == pytest.approx(1.0, abs=1e-12)
+        for b in (a - 1, a + 1):
+            if 0 <= b <= t.cap:
+                assert p <= bound * pass_prob(t.tau, b, t.threshold), (a, b)
+                assert f <= bound * fail_prob(t.tau, b, t.threshold), (a, b)
+    assert pass_prob(t.tau, 0, t.threshold) <= delta * (1 + 1e-9)
+    # power: at half the noise scale the same check fails (the ⊥ ratio reaches e^{2/τ} > e^ε)
+    half = t.tau / 2
+    assert any(fail_prob(half, a, t.threshold) > bound * fail_prob(half, a + 1, t.threshold) for a in range(t.cap))
+
+
+@pytest.mark.parametrize("eps_u,delta", [(1 / 3, 1e-6), (1.0, 1e-9)])
+def test_m_iqr_bottom_and_release_relation(eps_u, delta):
+    """Lemma 10: M_IQR's ⊥ (both tests fail, independent noise) changes by at most e^{2ε_u} when
+    each statistic moves by one; the release via discretisation 1 (test 1 passes) by e^{ε_u} in
+    its test, via discretisation 2 (test 1 fails, test 2 passes) by e^{2ε_u} in its tests (with the
+    ε_u of the release: 2ε_u and 3ε_u); a bad discretisation (A_d ≤ 1) releases with probability
+    ≤ δ/2, so both together ≤ δ. Exact sums over the statistics' range."""
+    t = NoisyTest.make(eps_u, delta / 2, 1)
+    tol = 1 + 1e-9
+    vals = range(1, min(t.cap, t.threshold + 12) + 1)
+    for a1 in vals:
+        for a2 in vals:
+            p1, p2 = pass_prob(t.tau, a1, t.threshold), pass_prob(t.tau, a2, t.threshold)
+            f1, f2 = fail_prob(t.tau, a1, t.threshold), fail_prob(t.tau, a2, t.threshold)
+            for b1 in (a1 - 1, a1 + 1):
+                for b2 in (a2 - 1, a2 + 1):
+                    if not (1 <= b1 <= t.cap and 1 <= b2 <= t.cap):
+                        continue
+                    q1, q2 = pass_prob(t.tau, b1, t.threshold), pass_prob(t.tau, b2, t.threshold)
+                    g1, g2 = fail_prob(t.tau, b1, t.threshold), fail_prob(t.tau, b2, t.threshold)
+                    assert f1 * f2 <= math.exp(2 * eps_u) * tol * g1 * g2
+                    assert p1 <= math.exp(eps_u) * tol * q1
+                    assert f1 * p2 <= math.exp(2 * eps_u) * tol * g1 * q2
+    assert pass_prob(t.tau, 1, t.threshold) <= delta / 2 * tol
