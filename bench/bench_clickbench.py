@@ -6,7 +6,9 @@ each run plainly (`db.raw_query`, the SQL as written) and through the controller
 δ = 1e-6) on the same embedded store. Per query: answered or rejected (with the message), and for
 the answered ones the medians of --repeats alternating runs (plain, DP, plain, DP, ... after one
 warm-up each) and DP / plain. Summary: how many of the DP-expressible queries are answered, the
-geometric mean and the maximum of DP / plain over the answered ones.
+geometric mean and the maximum of DP / plain over the answered ones. The ledger's budget
+generation is reset before each query (the benchmark's own budget), so a DP time does not grow with
+the number of charges made before it.
 
     python3 bench/bench_clickbench.py --rows 10000000 [--repeats 5] [--queries Q0,Q27] [--out FILE.json]
 
@@ -61,6 +63,9 @@ def open_store(rows: int, units: int, root: Path, rebuild: bool):
 def run_query(db, q, repeats: int, epsilon: float, delta: float) -> dict:
     """Answer or rejection; for answers, alternating timings of the plain and the DP query."""
     out = {"query": q.name, "expressible": q.expressible, "reason": q.reason}
+    # a charge reads every earlier charge of the budget's generation (O(n) per charge): a new
+    # generation per query keeps each DP time independent of how many queries ran before it
+    db.ledger.reset(db.analyst, schema.TABLE, confirm=True)
     try:
         df = db.query(q.sql, epsilon=epsilon, delta=delta)  # also the DP warm-up
     except QueryRejected as e:
