@@ -1,0 +1,66 @@
+"""`POST /dpch/ptr`, request and response: one propose-test-release statistic (dpch.ptr,
+docs/PTR.md) for an authenticated analyst. NOT ROUTED YET: dpch/gateway/server.py needs a handler
+like its ``svt`` one (parse_request → gw.on_engine(run_request) → JSON) and a Route.
+
+The run happens inside the gateway, so the ledger's settlement stays on the server side of the
+trust boundary: the analyst sees the branch, the noisy value and what was charged.
+
+Request (JSON body): ``{"statistic": "median" | "iqr" | "trimmed_mean", "dataset": "db.table",
+"column": "amount", "epsilon": ε, "delta": δ, "where": "…" (optional), "alpha": α (trimmed mean),
+"bound": β or "rows_hint": N (median, trimmed mean), "base": b, "split": s (optional),
+"max_rows_per_unit": M (optional)}``.
+
+Response (JSON): ``{"statistic", "branch": "released" | "bottom", "value": v or null,
+"epsilon_charged", "epsilon_reserved", "delta", "proposed_scale", "receipt"}``. A refused request
+(bad field, rejected column/where, budget) charges nothing; its message names the field.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import BAD_ARGUMENTS, GatewayError
+
+FIELDS = ("statistic", "dataset", "column", "epsilon", "delta", "where", "alpha", "bound", "rows_hint", "base",
+          "split", "max_rows_per_unit")
+NUMBERS = ("epsilon", "delta", "alpha", "bound", "base", "split")
+
+
+def parse_request(body: Any) -> dict:
+    """Check the request's shape; raises GatewayError (BAD_ARGUMENTS) naming the field. The
+    values themselves are checked by dpch.ptr (InvalidParameter, before anything is charged)."""
+    if not isinstance(body, dict):
+        raise GatewayError(BAD_ARGUMENTS, "the body must be a JSON object")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise GatewayError(BAD_ARGUMENTS, f"unknown field(s) {', '.join(unknown)}")
+    for name in ("statistic", "dataset", "column"):
+        if not isinstance(body.get(name), str) or not body[name]:
+            raise GatewayError(BAD_ARGUMENTS, f"{name} must be a non-empty string")
+    for name in ("epsilon", "delta"):
+        if name not in body:
+            raise GatewayError(BAD_ARGUMENTS, f"{name} is required")
+    for name in NUMBERS:
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise GatewayError(BAD_ARGUMENTS, f"{name} must be a finite number")
+    for name in ("rows_hint", "max_rows_per_unit"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise GatewayError(BAD_ARGUMENTS, f"{name} must be an integer")
+    if body.get("where") is not None and not isinstance(body["where"], str):
+        raise GatewayError(BAD_ARGUMENTS, "where must be a SQL condition (a string)")
+    return {k: body[k] for k in FIELDS if body.get(k) is not None}
+
+
+def run_request(conn, req: dict) -> dict:
+    """Run one PTR statistic for ``req`` (parse_request's output) on ``conn`` (the analyst's
+    connection) and return the response object."""
+    from ..ptr import run_ptr
+
+    kw = dict(req)
+    statistic, dataset, column = kw.pop("statistic"), kw.pop("dataset"), kw.pop("column")
+    r = run_ptr(conn, statistic, dataset, column, **kw)
+    return {"statistic": r.statistic, "branch": r.branch, "value": r.value, "epsilon_charged": r.epsilon_charged,
+            "epsilon_reserved": r.epsilon_reserved, "delta": r.delta, "proposed_scale": r.proposed_scale,
+            "receipt": getattr(r.receipt, "id", None)}
