@@ -248,7 +248,7 @@ class PtrRun:
         test = NoisyTest.make(stage.epsilon, stage.delta, 0)
         c = PROPOSAL_FACTOR if self.statistic == "median" else PROPOSAL_FACTOR / (1.0 - self.alpha)  # type: ignore[operator]
         beta = c * scale_units * step * (test.threshold + 2.0 * test.tau) / self.rows_hint  # type: ignore[operator]
-        return max(beta, 1.0)  # at least one bucket
+        return min(max(beta, 1.0), 2.0 ** 40)  # at least one bucket; at most what the release calibrates
 
     def fast_sql(self, runs: int, read: str | None = None) -> tuple[str, tuple[float, float]]:
         """The SQL of ``runs`` independent runs of a one-stage statistic (the IQR, or the median /
@@ -269,12 +269,15 @@ class PtrRun:
         return self._ptr_sql(groups, st, step, self.bound / ((hi - lo) / BUCKETS), runs)[0], (lo, hi)  # type: ignore[operator]
 
     def to_value(self, units: float | None, interval: tuple[float, float]) -> float | None:
-        """A released value in bucket units → the column's units (post-processing)."""
+        """A released value in bucket units → the column's units, clamped to what the statistic
+        can be ([0, hi − lo] for the IQR, [lo, hi] otherwise): post-processing."""
         if units is None:
             return None
         lo, hi = interval
         width = (hi - lo) / BUCKETS
-        return units * width if self.statistic == "iqr" else lo + (units + 0.5) * width
+        if self.statistic == "iqr":
+            return min(max(units * width, 0.0), hi - lo)
+        return min(max(lo + (units + 0.5) * width, lo), hi)
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> PtrResult:
