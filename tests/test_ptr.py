@@ -308,3 +308,20 @@ def test_cli(tmp_path):
     assert j["branch"] == "released" and j["epsilon_charged"] == 3.0 and abs(j["value"] - 40) < 30
     assert lines[3] == "codes 0 0 2"
     assert "give bound" in r.stderr
+
+
+def test_unit_step_follows_the_neighbour_relation(pdb):
+    """K = M rows under add_remove, 2M under substitute (a replaced unit removes M rows and adds
+    M): the stage facts state it, and the substitute run's test statistic counts steps of 2M."""
+    t = f"{DB}.subst"
+    pdb.command(f"DROP TABLE IF EXISTS {t}")
+    pdb.command(f"CREATE TABLE {t} (user_id UInt64, x Float64) ENGINE = MergeTree ORDER BY user_id")
+    pdb.command(f"INSERT INTO {t} SELECT number % 3000, 50 FROM numbers(6000)")
+    conn = conn_as(pdb, "ptr_subst", (FLAT,))
+    pdb.catalog.register(t, privacy_unit="user_id", neighbour="substitute", bounds={"x": (0, 100)},
+                         max_groups_contributed=1, max_rows_per_unit=2)
+    conn.ledger.set_budget(conn.analyst, t, epsilon=100.0, delta=1e-3, accountant="odp")
+    a = conn.robust_iqr(FLAT, "x", epsilon=3.0, delta=DELTA)
+    b = conn.robust_iqr(t, "x", epsilon=3.0, delta=DELTA)
+    assert a.stages[0]["unit_step_rows"] == 2 and b.stages[0]["unit_step_rows"] == 4
+    assert a.released and b.released  # constant columns: stable at either step
