@@ -322,6 +322,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
             "weight": q.weight,
             "ci95_halfwidth": float("nan") if q.kind == "quantile" else q.ci_halfwidth_units(0.95) * q.grid,
         })
+        if (quantities[-1]["thesis_mechanism"] or {}).get("released") == "clamped mean of the bounded data":
+            quantities[-1]["kind"] = "clamped mean (bounded Laplace AVG)"
         if q.kind == "quantile":
             facts = q.quantile_facts(0.95)
             facts["rank_halfwidth_95"] = facts.pop("rank_halfwidth")

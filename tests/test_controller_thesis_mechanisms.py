@@ -106,6 +106,7 @@ def test_bounded_sum_and_avg_ranges_in_value_units(tdb):
                     mechanism="bounded_laplace", output_range={"s": (0, 1000)})
     s = _facts(e, "SUM(age)")["thesis_mechanism"]
     a = _facts(e, "AVG(age).mean")["thesis_mechanism"]
+    assert _facts(e, "AVG(age).mean")["kind"] == "clamped mean (bounded Laplace AVG)"
     assert s["output_range"] == [0.0, 1000.0] and a["output_range"] == [18.0, 100.0]
     assert s["group_sensitivity"] == pytest.approx(100.0, rel=1e-4)  # one row in [18, 100] (grid rounding)
     assert a["group_sensitivity"] == 82.0
