@@ -245,6 +245,8 @@ REJECTS = [
      "mixed_rule"),
     ("SELECT COUNT(*) AS n FROM {t}", dict(mixed_rule="variance"), 1e-6, InvalidParameter, "mixed_rule"),
     ("SELECT COUNT(*) AS n FROM {t}", dict(mechanism="bounded_Laplace"), 1e-6, InvalidParameter, "mechanism"),
+    ("SELECT COUNT(*) * 2 AS n2 FROM {t}", dict(mechanism="bounded_laplace", output_range={"n2": (0, 10)}), 1e-6,
+     InvalidParameter, "output_range"),
     # private partition selection: age (Float64) has no public key domain
     ("SELECT age AS h, COUNT(DISTINCT uid) AS u FROM {t} GROUP BY h",
      dict(mechanism="bounded_laplace", output_range=(0, 10)), 1e-6, QueryRejected, "partition selection"),

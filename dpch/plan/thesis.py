@@ -77,6 +77,8 @@ def _output_ranges(planner, agg_plans: list[AggregatePlan]) -> dict[int, tuple[f
         raise InvalidParameter(f"output_range: unknown output column(s) {', '.join(map(repr, unknown))}")
     out: dict[int, tuple[float, float]] = {}
     for name, pair in opt.items():
+        if names[name].kind != "aggregate":  # a range on an expression would not be the release's range
+            raise InvalidParameter(f"output_range: {name!r} is not an aggregate output column (COUNT or SUM)")
         for i in aggregate_refs(names[name].template):
             if out.get(i, pair) != pair:
                 raise InvalidParameter(f"output_range: two ranges for the aggregate of {name!r}")
