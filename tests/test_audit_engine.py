@@ -375,6 +375,27 @@ def test_empty_input_runs_release_the_noisy_empty_aggregate(eng):
     eng.command(f"DROP TABLE {empty}")
 
 
+def test_controller_empty_neighbour_is_not_a_false_alarm(eng):
+    """The controller wraps a global aggregate in projections (noise, then post-processing), so the
+    aggregate is not the top SELECT. Auditing it on a one-unit table (D′ empty) once gave every D′
+    run no output (NaN) and a VIOLATION (ε_LB 5.3 at N = 2000) for a correct release: the empty runs
+    must be drawn on the empty input at the aggregate's level. Confidence 1 − 1e-8 as above."""
+    one = f"{DB}.one_unit"
+    eng.command(f"DROP TABLE IF EXISTS {one}")
+    eng.command(f"CREATE TABLE {one} AS {SRC}")
+    eng.command(f"INSERT INTO {one} SELECT * FROM {SRC} WHERE user_id = 7")
+    eng.catalog.register(one, privacy_unit="user_id", max_groups_contributed=1, max_rows_per_unit=4,
+                         bounds={"amount": (0, 500)})
+    try:
+        r = audit(eng, f"SELECT COUNT(*) AS n, SUM(amount) AS s FROM {one}", epsilon=1.0, via="controller",
+                  samples=N, confidence=CONF, pilot=0, database=DB)
+        assert r.verdict == "consistent", r.text()
+        assert not np.isnan(r.outputs_dprime).any()
+    finally:
+        eng.catalog.drop(one)
+        eng.command(f"DROP TABLE {one}")
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI (own process: chDB holds one store per process)
 # ---------------------------------------------------------------------------------------------

@@ -378,13 +378,47 @@ def _top_select(tree: exp.Expression) -> exp.Select | None:
     return tree if isinstance(tree, exp.Select) else None
 
 
+def _projection_chain(tree: exp.Expression) -> list[exp.Select]:
+    """The SELECTs from the top down to the first one with aggregates, when every SELECT above it
+    maps each row of its single subquery to one row (no WHERE, GROUP BY, HAVING, join, window or
+    aggregate): the controller's rewritten query wraps its global aggregate in such projections
+    (noise, then post-processing). Empty when the query has no such shape."""
+    chain: list[exp.Select] = []
+    sel = _top_select(tree)
+    while sel is not None:
+        chain.append(sel)
+        if _has_aggregate(sel):
+            return chain
+        if (sel.args.get("with") is not None and len(chain) > 1) or any(
+                sel.args.get(a) is not None for a in ("where", "group", "having", "joins", "laterals")) \
+                or any(isinstance(n, exp.Window) for p in sel.expressions for n in _walk_scope(p)):
+            return []
+        src = _from(sel)
+        inner = src.this if src is not None else None
+        if not isinstance(inner, exp.Subquery) or not isinstance(inner.this, exp.Select):
+            return []
+        sel = inner.this
+    return []
+
+
+def _global_aggregate(tree: exp.Expression) -> exp.Select | None:
+    """The SELECT whose aggregates make the query a global aggregate (see `is_global_aggregate`)."""
+    chain = _projection_chain(tree)
+    if not chain:
+        return None
+    agg = chain[-1]
+    if agg.args.get("group") is not None:
+        return None
+    if any(isinstance(n, exp.Window) for p in agg.expressions for n in _walk_scope(p)):
+        return None
+    return agg
+
+
 def is_global_aggregate(sql: str) -> bool:
-    """Is the query's top level a SELECT with aggregates, no GROUP BY and no window function, i.e.
-    does one run return one row (before HAVING) whatever its input, the empty input included?"""
-    top = _top_select(parse(sql))
-    if top is None or top.args.get("group") is not None or not _has_aggregate(top):
-        return False
-    return not any(isinstance(n, exp.Window) for p in top.expressions for n in _walk_scope(p))
+    """Is the query a SELECT with aggregates, no GROUP BY and no window function, possibly wrapped
+    in row-for-row projections, i.e. does one run return one row (before HAVING) whatever its
+    input, the empty input included?"""
+    return _global_aggregate(parse(sql)) is not None
 
 
 EMPTY_RUNS_PER_QUERY = 500  # grouping sets per query (the engine's cost grows faster than linearly)
@@ -397,13 +431,14 @@ def empty_input_sql(sql: str, table_map: dict[str, str], runs: int, default_db: 
     filters each row on its own). ORDER BY, LIMIT and DISTINCT act on one run's single row, so they
     are dropped (across runs they would merge or cut rows)."""
     tree = parse(replace_tables(sql, table_map, default_db))
-    top = _top_select(tree)
-    if top is None:
+    agg = _global_aggregate(tree)
+    if agg is None:
         raise ValueError("not a global aggregate")
-    top.set("where", exp.Where(this=exp.false()))
-    top.set("group", exp.Group(expressions=[exp.GroupingSets(expressions=[exp.Tuple() for _ in range(runs)])]))
-    for arg in ("order", "limit", "distinct", "offset"):
-        top.set(arg, None)
+    agg.set("where", exp.Where(this=exp.false()))
+    agg.set("group", exp.Group(expressions=[exp.GroupingSets(expressions=[exp.Tuple() for _ in range(runs)])]))
+    for sel in _projection_chain(tree):
+        for arg in ("order", "limit", "distinct", "offset"):
+            sel.set(arg, None)
     return render(tree)
 
 
@@ -412,14 +447,17 @@ def nonempty_runs_sql(sql: str, table_map: dict[str, str], reps: tuple[int, int]
     """The runs in [a, b) whose top-level aggregate receives at least one row: the threaded query
     with its SELECT list reduced to `__rep` and without HAVING, ORDER BY or LIMIT."""
     tree = parse(replace_tables(sql, table_map, default_db, reps=reps))
-    top = _top_select(tree)
-    group = top.args.get("group") if top is not None else None
+    chain = _projection_chain(tree)
+    agg = chain[-1] if chain else None
+    group = agg.args.get("group") if agg is not None else None
     if group is None:
         raise ValueError("not a global aggregate")
-    top.set("expressions", [exp.alias_(group.expressions[-1].copy(), REP)])
+    agg.set("expressions", [exp.alias_(group.expressions[-1].copy(), REP)])
     for arg in ("having", "order", "limit", "distinct", "offset"):
-        top.set(arg, None)
-    return render(tree)
+        agg.set(arg, None)
+    if agg is not tree:  # the aggregate's own runs; the projections above it keep every row
+        agg.set("with", tree.args.get("with"))
+    return render(agg)
 
 
 def _fill_empty_runs(run: Callable[[str], pd.DataFrame], sql: str, table_map: dict[str, str],
@@ -430,7 +468,7 @@ def _fill_empty_runs(run: Callable[[str], pd.DataFrame], sql: str, table_map: di
     missing = [r for r in range(reps[0], reps[1]) if r not in present]
     if not missing:
         return frame
-    if _top_select(parse(sql)).args.get("having") is not None:
+    if _global_aggregate(parse(sql)).args.get("having") is not None:
         # a run may also be missing because HAVING rejected its row: only runs that received no
         # row at all are empty-input runs
         nonempty = set(run(nonempty_runs_sql(sql, table_map, reps, default_db))[REP].astype(np.int64).tolist())
