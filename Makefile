@@ -95,7 +95,7 @@ bench-odp: install
 bench-large: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_large.py --rows 100000000 --base-rows 10000000 --reps 3 \
-		--out bench/out/large.json --markdown bench/out/large.md
+		--out bench/out/large.json --markdown bench/out/large.md --results-md bench/RESULTS.md
 
 # ClickBench-style workload (issue 17): the 43 public ClickBench queries on a synthetic hits table
 # (Zipf users and URLs, UserID the unit, k = 5, M = 100), DP / plain side by side at 10 M rows

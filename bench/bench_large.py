@@ -128,6 +128,17 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def put_between_markers(path: Path, md: str) -> None:
+    """Replace the text between `<!-- bench-large:begin -->` and `<!-- bench-large:end -->`."""
+    text = path.read_text()
+    begin, end = "<!-- bench-large:begin -->\n", "<!-- bench-large:end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"--results-md: {path} has no bench-large markers")
+    path.write_text(text[:i + len(begin)] + md + text[j:])
+    log(f"updated {path}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=100_000_000)
@@ -139,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the store (and reuse its tables next time)")
     ap.add_argument("--out", type=Path, default=BENCH / "out" / "large.json")
     ap.add_argument("--markdown", type=Path, default=BENCH / "out" / "large.md")
+    ap.add_argument("--results-md", type=Path, default=None,
+                    help="also put the tables between the bench-large markers of this file (bench/RESULTS.md)")
     args = ap.parse_args(argv)
     if args.rows <= args.base_rows:
         ap.error("--rows must be larger than --base-rows")
@@ -162,7 +175,10 @@ def main(argv=None) -> int:
             "command": "python3 bench/bench_large.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "results": res, "seconds": time.perf_counter() - t_start}
     data["verdicts"] = verdicts(res, args.rows, args.base_rows)
-    write_results(data, args.out, args.markdown, markdown(data))
+    md = markdown(data)
+    write_results(data, args.out, args.markdown, md)
+    if args.results_md:
+        put_between_markers(args.results_md, md)
     v = data["verdicts"]
     return 0 if v["answers"] and v["peak_ok"] and v["per_row_ok"] else 1
 

@@ -47,6 +47,12 @@ def _ok(rec):
     return rec is not None and rec.get("status") == "ok"
 
 
+def _pair(a, b) -> bool:
+    """Both measured, and in the same harness: a cell carried over from an earlier rendering
+    (parse_section, maybe another machine) is never divided by a newly measured one."""
+    return _ok(a) and _ok(b) and a.get("imported") == b.get("imported")
+
+
 def dpch_reference(qid: str) -> str:
     """The DPCH system a peer is compared with on each query (like with like)."""
     return "dpch_controller" if QUERIES[qid].level == "user" else "dpch_sql"
@@ -79,7 +85,7 @@ def ratios(data: dict) -> list[dict]:
             row = {"rows": rows, "qid": qid}
             for s in ("dpch_sql", "dpch_controller", "dpch_accel"):
                 rec = _speed(data, rows, qid, s)
-                if _ok(rec) and _ok(plain):
+                if _pair(rec, plain):
                     row[f"{s}/plain"] = rec["median_s"] / plain["median_s"]
             ref_name = dpch_reference(qid)
             ref = _speed(data, rows, qid, ref_name)
@@ -91,11 +97,11 @@ def ratios(data: dict) -> list[dict]:
             accel = _speed(data, rows, qid, "dpch_accel")
             for p in PEERS:
                 rec = _speed(data, rows, qid, p)
-                if _ok(rec) and _ok(ref):
+                if _pair(rec, ref):
                     row[f"{p}/dpch"] = rec["median_s"] / ref["median_s"]
-                if _ok(rec) and _ok(accel):
+                if _pair(rec, accel):
                     row[f"{p}/dpch_accel"] = rec["median_s"] / accel["median_s"]
-                if _ok(rec) and _ok(plain):  # the most any DP layer over this engine could reach
+                if _pair(rec, plain):  # the most any DP layer over this engine could reach
                     row[f"{p}/plain"] = rec["median_s"] / plain["median_s"]
             if len(row) > 3:
                 out.append(row)
@@ -290,7 +296,8 @@ def render(data: dict, plots: list[Path], md_path: Path, section: str) -> str:
                     continue
                 if _ok(r):
                     note = "; ".join(([f"{r['warmup']} warm-up runs"] if r.get("warmup", 1) != 1 else [])
-                                     + ([r["note"]] if r.get("note") else []))
+                                     + ([r["note"]] if r.get("note") else [])
+                                     + (["earlier run (see Run notes)"] if r.get("imported") else []))
                     lines.append(f"| ({qid}) | {LABELS[name]} | {_fmt_s(r['median_s'])} | {_fmt_s(r['min_s'])} – "
                                  f"{_fmt_s(r['max_s'])} | {r['runs']} | {r['peak_rss_mib']:.0f} MiB | "
                                  f"{r['delta_rss_mib']:.0f} MiB | {note}".rstrip() + " |")
