@@ -16,6 +16,11 @@ Per (k, key) configuration, interleaved repetitions in one run (medians, plus th
   post-processing);
 - ``dp_sql``: the same query's rewritten SQL through the engine only (no controller or ledger).
 
+Each run records wall time and the process's CPU time (user + system over all threads, getrusage:
+the embedded engine runs in this process; the noise UDF's own process is not counted, ~100 values).
+On a shared machine the CPU-time ratio is the steadier one: other processes' load stretches wall
+times, not the CPU a query spends.
+
     python3 bench/bench_floor.py [--rows 10000000] [--units 1000000] [--reps 9] [--json FILE]
 """
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -79,30 +85,40 @@ def measure(db, k: int, key: str, reps: int) -> dict:
     for f in runs.values():  # warm-up: page cache, UDF pool
         f()
     times: dict[str, list[float]] = {n: [] for n in runs}
+    cpu: dict[str, list[float]] = {n: [] for n in runs}
     names = list(runs)
     for r in range(reps):
         for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order every run
-            t0 = time.perf_counter()
+            c0, t0 = _cpu(), time.perf_counter()
             runs[n]()
             times[n].append(time.perf_counter() - t0)
+            cpu[n].append(_cpu() - c0)
     med = {n: statistics.median(t) for n, t in times.items()}
     mins = {n: min(t) for n, t in times.items()}
-    return {"median_s": med, "min_s": mins, "times_s": times,
+    cmed = {n: statistics.median(t) for n, t in cpu.items()}
+    return {"median_s": med, "min_s": mins, "times_s": times, "cpu_median_s": cmed, "cpu_s": cpu,
+            "cpu_dp_over_floor": cmed["dp"] / cmed["floor"], "cpu_dp_over_plain": cmed["dp"] / cmed["plain"],
             "dp_over_floor": med["dp"] / med["floor"], "dp_over_floor_of_mins": mins["dp"] / mins["floor"],
             "dp_sql_over_floor": med["dp_sql"] / med["floor"], "floor_over_plain": med["floor"] / med["plain"],
             "dp_over_plain": med["dp"] / med["plain"]}
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def markdown(res: dict) -> str:
     lines = ["| k | key | plain (s) | floor (s) | DP end to end (s) | DP SQL only (s) | floor / plain | "
-             "**DP / floor** | DP / floor (minima) | DP / plain |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "**DP / floor** | DP / floor (minima) | DP / plain | CPU s: floor / DP | **CPU DP / floor** |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in res["configs"].items():
         k, key = name.split(":")
         m = r["median_s"]
         lines.append(f"| {k} | `{key}` | {m['plain']:.3f} | {m['floor']:.3f} | {m['dp']:.3f} | {m['dp_sql']:.3f} | "
                      f"{r['floor_over_plain']:.2f} | **{r['dp_over_floor']:.2f}** | {r['dp_over_floor_of_mins']:.2f} | "
-                     f"{r['dp_over_plain']:.2f} |")
+                     f"{r['dp_over_plain']:.2f} | {r['cpu_median_s']['floor']:.2f} / {r['cpu_median_s']['dp']:.2f} | "
+                     f"**{r['cpu_dp_over_floor']:.2f}** |")
     return "\n".join(lines)
 
 
