@@ -21,15 +21,22 @@ the embedded engine runs in this process; the noise UDF's own process is not cou
 On a shared machine the CPU-time ratio is the steadier one: other processes' load stretches wall
 times, not the CPU a query spends.
 
+- with ``--baseline-rev REV``, ``dp_sql_base``: the same plan rewritten by dpch/rewrite.py as of git
+  revision REV (before/after in one run; e.g. ``--baseline-rev 87b875f``, before issue 17's change).
+
     python3 bench/bench_floor.py [--rows 10000000] [--units 1000000] [--reps 9] [--json FILE]
+                                 [--baseline-rev REV]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import importlib.util
+import re
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -62,7 +69,21 @@ def build_data(db, rows: int, units: int) -> None:
     db.ledger.set_budget(db.analyst, TABLE, epsilon=1e12, delta=0.5)
 
 
-def queries(db, k: int, key: str) -> dict:
+def baseline_rewriter(rev: str):
+    """dpch/rewrite.py as of git revision ``rev``, importable next to today's package."""
+    repo = Path(__file__).resolve().parents[1]
+    src = subprocess.run(["git", "show", f"{rev}:dpch/rewrite.py"], cwd=repo, check=True, capture_output=True,
+                         text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="dpch_rewrite_base_")) / "rewrite_base.py"
+    path.write_text(re.sub(r"^from \.", "from dpch.", src, flags=re.M))
+    spec = importlib.util.spec_from_file_location("rewrite_base", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["rewrite_base"] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def queries(db, k: int, key: str, base=None) -> dict:
     """The SQL (or callables) of one configuration, all answering per group of ``key``."""
     if k == 1:
         floor = (f"SELECT k, sum(n), sum(s) FROM (SELECT user_id, any({key}) AS k, count() AS n, "
@@ -71,8 +92,13 @@ def queries(db, k: int, key: str) -> dict:
         floor = (f"SELECT {key}, sum(n), sum(s) FROM (SELECT user_id, {key}, count() AS n, sum(amount) AS s "
                  f"FROM {TABLE} GROUP BY user_id, {key}) GROUP BY {key}")
     dp = f"SELECT {key}, COUNT(*) AS n, SUM(amount) AS s FROM {TABLE} GROUP BY {key}"
-    rewritten = prepare(db, dp, epsilon=1.0, max_groups_contributed=k).rewritten.sql
-    return {
+    prepared = prepare(db, dp, epsilon=1.0, max_groups_contributed=k)
+    rewritten = prepared.rewritten.sql
+    extra = {}
+    if base is not None:
+        base_sql = base.rewrite(prepared.plan).sql
+        extra["dp_sql_base"] = lambda: db.backend.query_df(base_sql)
+    return extra | {
         "plain": lambda: db.raw_query(f"SELECT {key}, count(), sum(amount) FROM {TABLE} GROUP BY {key}"),
         "floor": lambda: db.raw_query(floor),
         "dp": lambda: db.query(dp, epsilon=1.0, max_groups_contributed=k),
@@ -80,8 +106,8 @@ def queries(db, k: int, key: str) -> dict:
     }
 
 
-def measure(db, k: int, key: str, reps: int) -> dict:
-    runs = queries(db, k, key)
+def measure(db, k: int, key: str, reps: int, base=None) -> dict:
+    runs = queries(db, k, key, base)
     for f in runs.values():  # warm-up: page cache, UDF pool
         f()
     times: dict[str, list[float]] = {n: [] for n in runs}
@@ -100,7 +126,10 @@ def measure(db, k: int, key: str, reps: int) -> dict:
             "cpu_dp_over_floor": cmed["dp"] / cmed["floor"], "cpu_dp_over_plain": cmed["dp"] / cmed["plain"],
             "dp_over_floor": med["dp"] / med["floor"], "dp_over_floor_of_mins": mins["dp"] / mins["floor"],
             "dp_sql_over_floor": med["dp_sql"] / med["floor"], "floor_over_plain": med["floor"] / med["plain"],
-            "dp_over_plain": med["dp"] / med["plain"]}
+            "dp_over_plain": med["dp"] / med["plain"]} | (
+        {"base_sql_over_floor": med["dp_sql_base"] / med["floor"],
+         "cpu_base_sql_over_floor": cmed["dp_sql_base"] / cmed["floor"],
+         "cpu_dp_sql_over_floor": cmed["dp_sql"] / cmed["floor"]} if "dp_sql_base" in runs else {})
 
 
 def _cpu() -> float:
@@ -119,6 +148,13 @@ def markdown(res: dict) -> str:
                      f"{r['floor_over_plain']:.2f} | **{r['dp_over_floor']:.2f}** | {r['dp_over_floor_of_mins']:.2f} | "
                      f"{r['dp_over_plain']:.2f} | {r['cpu_median_s']['floor']:.2f} / {r['cpu_median_s']['dp']:.2f} | "
                      f"**{r['cpu_dp_over_floor']:.2f}** |")
+    if any("base_sql_over_floor" in r for r in res["configs"].values()):
+        lines += ["", f"Rewritten SQL / floor, baseline {res['baseline_rev']} → this checkout:", "",
+                  "| k | key | wall | CPU |", "|---|---|---:|---:|"]
+        for name, r in res["configs"].items():
+            k, key = name.split(":")
+            lines.append(f"| {k} | `{key}` | {r['base_sql_over_floor']:.2f} → **{r['dp_sql_over_floor']:.2f}** | "
+                         f"{r['cpu_base_sql_over_floor']:.2f} → **{r['cpu_dp_sql_over_floor']:.2f}** |")
     return "\n".join(lines)
 
 
@@ -129,16 +165,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--baseline-rev", default=None, help="also run the SQL of dpch/rewrite.py at this git revision")
     args = ap.parse_args(argv)
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="dpch_bench_floor_")
+    base = baseline_rewriter(args.baseline_rev) if args.baseline_rev else None
     db = dpch.connect(data_dir, analyst="bench")
     try:
         t0 = time.perf_counter()
         build_data(db, args.rows, args.units)
         res = {"rows": args.rows, "units": args.units, "reps": args.reps, "cpus": os.cpu_count(),
-               "build_s": time.perf_counter() - t0, "configs": {}}
+               "build_s": time.perf_counter() - t0, "baseline_rev": args.baseline_rev, "configs": {}}
         for k, key in CONFIGS:
-            res["configs"][f"{k}:{key}"] = measure(db, k, key, args.reps)
+            res["configs"][f"{k}:{key}"] = measure(db, k, key, args.reps, base)
     finally:
         db.close()
     print(markdown(res))
