@@ -520,3 +520,30 @@ def test_sparse_vector_request(server):
         assert r.status_code == 400 and word in r.text, r.text
     r = httpx.post(server.url + "/dpch/svt", json=body, auth=("alice", "wrong"), timeout=60)
     assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "516", r.text
+
+
+# -- propose-test-release as one request (POST /dpch/ptr) ---------------------------------------------
+
+def test_ptr_request(server):
+    """A robust median through the gateway: the reservation and the settlement happen server side;
+    the analyst sees the branch, the value and what was charged (headers as for a query). The
+    budget's accountant (basic) settles a ⊥ to ε/2 and a release at ε (docs/PTR.md). Malformed
+    bodies are refused naming the field, a bad password like every route."""
+    body = {"statistic": "median", "dataset": "demo.purchases", "column": "amount", "epsilon": 0.5,
+            "delta": 1e-9, "bound": 50.0}
+    r = httpx.post(server.url + "/dpch/ptr", json=body, auth=("alice", PASSWORD), timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["branch"] in ("released", "bottom") and out["epsilon_reserved"] == pytest.approx(0.5)
+    expected = 0.5 if out["branch"] == "released" else 0.25
+    assert out["epsilon_charged"] == pytest.approx(expected)
+    assert (out["value"] is None) == (out["branch"] == "bottom")
+    if out["value"] is not None:
+        assert 0.0 <= out["value"] <= 500.0
+    assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(expected)
+    for bad, word in [({**body, "epsilon": "1"}, "epsilon"), ({**body, "column": ""}, "column"),
+                      ({**body, "extra": 1}, "unknown field")]:
+        r = httpx.post(server.url + "/dpch/ptr", json=bad, auth=("alice", PASSWORD), timeout=60)
+        assert r.status_code == 400 and word in r.text, r.text
+    r = httpx.post(server.url + "/dpch/ptr", json=body, auth=("alice", "wrong"), timeout=60)
+    assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "516", r.text

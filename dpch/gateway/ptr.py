@@ -1,6 +1,5 @@
 """`POST /dpch/ptr`, request and response: one propose-test-release statistic (dpch.ptr,
-docs/PTR.md) for an authenticated analyst. NOT ROUTED YET: dpch/gateway/server.py needs a handler
-like its ``svt`` one (parse_request → gw.on_engine(run_request) → JSON) and a Route.
+docs/PTR.md) for an authenticated analyst (routed by dpch/gateway/server.py like ``/dpch/svt``).
 
 The run happens inside the gateway, so the ledger's settlement stays on the server side of the
 trust boundary: the analyst sees the branch, the noisy value and what was charged.

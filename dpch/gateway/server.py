@@ -262,35 +262,49 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                             remote=_remote(request), query_sha256=sql_hash)
             return _error_response(err, query_id)
 
-    async def svt(request: Request) -> Response:
-        """POST /dpch/svt: one sparse-vector session carrying its queries (dpch.gateway.svt)."""
-        from . import svt as gw_svt
+    def json_route(kind: str, parse, run, dataset_and_epsilon):
+        """A POST route whose JSON body is one whole DP session (sparse vector, PTR): parse →
+        run on the engine thread as the authenticated analyst → JSON, with the ε charged in
+        X-DPCH-Epsilon/X-DPCH-Delta and one access-log line either way."""
 
-        t0 = time.perf_counter()
-        query_id = str(uuid.uuid4())
-        user = None
-        try:
-            params = _params(request)
-            user = await authenticate(request, params)
-            body = await _read_body(request, cfg)
+        async def handler(request: Request) -> Response:
+            t0 = time.perf_counter()
+            query_id = str(uuid.uuid4())
+            user = None
             try:
-                req = gw_svt.parse_request(json.loads(body.decode("utf-8")))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise GatewayError(CANNOT_PARSE_INPUT, "the body is not a JSON object") from None
-            out = await gw.on_engine(lambda: gw_svt.run_session(gw.connection(user), req))
-            gw.access.write(user=user, query_id=query_id, kind="svt", outcome="accepted", format="JSON",
-                            epsilon=out["epsilon_spent"], delta=0.0, dataset=req["dataset"], receipt=out["receipt"],
-                            rows=len(out["answers"]), duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                            remote=_remote(request))
-            return Response(json.dumps(out).encode(), media_type="application/json",
-                            headers={"X-DPCH-Epsilon": repr(float(out["epsilon_spent"])),
-                                     "X-DPCH-Delta": "0.0"})
-        except Exception as exc:  # noqa: BLE001
-            err = from_dpch(exc)
-            gw.access.write(user=user, query_id=query_id, kind="svt", outcome="rejected", code=err.code,
-                            error=err.name, duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                            remote=_remote(request))
-            return _error_response(err, query_id)
+                params = _params(request)
+                user = await authenticate(request, params)
+                body = await _read_body(request, cfg)
+                try:
+                    req = parse(json.loads(body.decode("utf-8")))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    raise GatewayError(CANNOT_PARSE_INPUT, "the body is not a JSON object") from None
+                out = await gw.on_engine(lambda: run(gw.connection(user), req))
+                dataset, eps, dlt, rows = dataset_and_epsilon(req, out)
+                gw.access.write(user=user, query_id=query_id, kind=kind, outcome="accepted", format="JSON",
+                                epsilon=eps, delta=dlt, dataset=dataset, receipt=out["receipt"], rows=rows,
+                                duration_ms=round((time.perf_counter() - t0) * 1e3, 3), remote=_remote(request))
+                return Response(json.dumps(out).encode(), media_type="application/json",
+                                headers={"X-DPCH-Epsilon": repr(float(eps)), "X-DPCH-Delta": repr(float(dlt))})
+            except Exception as exc:  # noqa: BLE001
+                err = from_dpch(exc)
+                gw.access.write(user=user, query_id=query_id, kind=kind, outcome="rejected", code=err.code,
+                                error=err.name, duration_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                                remote=_remote(request))
+                return _error_response(err, query_id)
+
+        return handler
+
+    from . import ptr as gw_ptr
+    from . import svt as gw_svt
+
+    # POST /dpch/svt: one sparse-vector session carrying its queries (dpch.gateway.svt)
+    svt = json_route("svt", gw_svt.parse_request, gw_svt.run_session,
+                     lambda req, out: (req["dataset"], out["epsilon_spent"], 0.0, len(out["answers"])))
+    # POST /dpch/ptr: one propose-test-release statistic (dpch.gateway.ptr, docs/PTR.md)
+    ptr = json_route("ptr", gw_ptr.parse_request, gw_ptr.run_request,
+                     lambda req, out: (req["dataset"], out["epsilon_charged"], out["delta"],
+                                       int(out["value"] is not None)))
 
     async def not_found(request: Request) -> Response:
         return _error_response(GatewayError((0, "NOT_FOUND", 404), f"there is no handler for {request.url.path[:64]}; "
@@ -313,7 +327,8 @@ def build_app(cfg: GatewayConfig) -> Starlette:
               Route("/replicas_status", ping, methods=["GET", "HEAD"]),
               Route("/", query, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
               Route("/query", query, methods=["GET", "POST"]),
-              Route("/dpch/svt", svt, methods=["POST"])]
+              Route("/dpch/svt", svt, methods=["POST"]),
+              Route("/dpch/ptr", ptr, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_route("/{path:path}", not_found, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])
     app.state.gateway = gw
