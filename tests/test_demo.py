@@ -19,7 +19,9 @@ def test_demo_runs_twice_and_every_step_reports(tmp_path):
         out = proc.stdout
         for marker in ("1) SQL functions", "2) Controller", "3) Per-unit projection", "rejected: column 'user_id'",
                        "median with:", "4) Top-n and a sparse-vector session", "answered by",
-                       "charged after the output-DP settlement", "Total demo time"):
+                       "charged after the output-DP settlement",
+                       "5) Robust statistics and early stopping", "by propose-test-release", "refined until",
+                       "Total demo time"):
             assert marker in out, (marker, out[-3000:])
         # every budget line after step 3: 8 charges of ε each, within the demo budget
         eps = 2 if run else 1
