@@ -45,6 +45,11 @@ from systems.plain import Plain  # noqa: E402
 from workloads import QUERIES, REGIONS, Workload, ensure_table, size_label  # noqa: E402
 
 QID = "b"  # user-level COUNT + SUM GROUP BY region
+# --probe-settings: ClickHouse settings that bound a GROUP BY's memory, appended to the rewritten
+# query's SETTINGS clause (the controller itself sets none of them)
+PROBES = {"default": "", "max_threads = 1": "max_threads = 1",
+          "max_bytes_before_external_group_by = 1 GB": "max_bytes_before_external_group_by = 1000000000",
+          "max_bytes_before_external_group_by = 512 MiB": "max_bytes_before_external_group_by = 536870912"}
 PEAK_LIMIT_GIB = 8.0
 PER_ROW_LIMIT = 1.5
 
@@ -93,6 +98,25 @@ def measure(db, sizes: list[int], reps: int, eps: float) -> dict:
     return out
 
 
+def probe_settings(db, rows: int, eps: float, reps: int) -> dict:
+    """The same DP query's rewritten SQL (prepare: parse, bind, plan, rewrite; no ledger) run with
+    each of PROBES added to its SETTINGS clause: wall time and peak RSS per run. Runs are
+    sequential, so a peak can include memory the allocator kept from the run before."""
+    from dpch.controller import prepare
+
+    system = DpchController(db, Workload(rows), QUERIES)
+    sql = prepare(db, system.sql(QID), epsilon=system.total_epsilon(QID, eps)).rewritten.sql
+    assert "\nSETTINGS " in sql  # the rewriter ends every query with its SETTINGS clause
+    out = {}
+    for name, extra in PROBES.items():
+        t = Timing()
+        for _ in range(reps):
+            timed_call(lambda: db.backend.query_df(sql + (f", {extra}" if extra else "")), t)
+        out[name] = {"times_s": t.times_s, "peak_rss_mib": t.peak_rss_mib, "delta_rss_mib": t.delta_rss_mib}
+        log(f"  probe {name}: {[round(x, 1) for x in t.times_s]} s, peak {[round(x) for x in t.peak_rss_mib]} MiB")
+    return out
+
+
 def verdicts(res: dict, large: int, base: int) -> dict:
     big = res[f"{large}:dpch_controller"]
     small = res[f"{base}:dpch_controller"]
@@ -125,6 +149,13 @@ def markdown(data: dict) -> str:
               f"| time per row {size_label(large)} / {size_label(base)} ≤ {PER_ROW_LIMIT} | "
               f"**{'met' if v['per_row_ok'] else 'MISSED'}** | {v['per_row_ratio']:.2f} (plain: "
               f"{v['plain_per_row_ratio']:.2f}) |"]
+    if data.get("probes"):
+        lines += ["", f"Memory settings on the {size_label(large)}-row query (`--probe-settings`, the rewritten SQL "
+                  "with one setting added, runs in sequence):", "",
+                  "| setting | times | peak RSS |", "|---|---|---|"]
+        for name, p in data["probes"].items():
+            lines.append(f"| {name} | {', '.join(f'{x:.1f} s' for x in p['times_s'])} | "
+                         f"{', '.join(f'{x:.0f} MiB' for x in p['peak_rss_mib'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the store (and reuse its tables next time)")
     ap.add_argument("--out", type=Path, default=BENCH / "out" / "large.json")
     ap.add_argument("--markdown", type=Path, default=BENCH / "out" / "large.md")
+    ap.add_argument("--probe-settings", action="store_true",
+                    help="then run the large query's rewritten SQL under memory-bounding settings (PROBES)")
     ap.add_argument("--results-md", type=Path, default=None,
                     help="also put the tables between the bench-large markers of this file (bench/RESULTS.md)")
     args = ap.parse_args(argv)
@@ -166,6 +199,7 @@ def main(argv=None) -> int:
         generate_s = time.perf_counter() - t0
         log(f"tables ready in {generate_s:.0f} s; measuring ({args.reps} interleaved repetitions)")
         res = measure(db, [args.base_rows, args.rows], args.reps, args.eps)
+        probes = probe_settings(db, args.rows, args.eps, 2) if args.probe_settings else None
     finally:
         db.close()
         if not args.keep:
@@ -173,7 +207,7 @@ def main(argv=None) -> int:
     data = {"machine": machine_info(), "rows": args.rows, "base_rows": args.base_rows, "reps": args.reps,
             "eps": args.eps, "generate_s": generate_s, "load_before": load_before, "load_after": os.getloadavg(),
             "command": "python3 bench/bench_large.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "results": res, "seconds": time.perf_counter() - t_start}
+            "results": res, "probes": probes, "seconds": time.perf_counter() - t_start}
     data["verdicts"] = verdicts(res, args.rows, args.base_rows)
     md = markdown(data)
     write_results(data, args.out, args.markdown, md)
