@@ -12,10 +12,13 @@ pass, as in sqlglot's optimizer):
 2. ``per_unit``: per-unit pre-aggregation with contribution bounding. Which groups of a unit are
    kept depends only on that unit's rows (smallest keyed hashes; never ``rand()``):
    - no GROUP BY: one row per unit (``GROUP BY unit``);
-   - k = 1: one pass, ``argMin``/``countArgMin``/``sumArgMin`` over the keyed hash keep the
-     unit's rows of its group with the smallest hash;
-   - k > 1: ``GROUP BY (unit, hash)``, then a per-unit sorted array keeps the k groups
-     with the smallest hashes (per-unit arrays sorted by hash), and ``ARRAY JOIN`` unfolds them.
+   - k = 1: one pass, ``sumArgMin`` over the keyed hash of each row's packed Int128 x·2^64 + 1
+     (count and Int64 sum in one state) keeps the unit's rows of its group with the smallest hash;
+     the group is ``argMin(key, h)``, or with public domains ``min(h)`` (the group stage then
+     groups by the key hash and the domain's LEFT JOIN gives the values back: ``by_key_hash``);
+   - k > 1: ``GROUP BY (unit, hash)``, then per unit the permutation sorting its hashes, applied to
+     each column's array, keeps the k groups with the smallest hashes; ``ARRAY JOIN`` unfolds them.
+   (docs/PERFORMANCE.md: why this form, and why it computes the same values as the plain one.)
    With the weighted Gaussian selection (k > 1 only) each unit also gets its weight
    unit_weight(j, S), j = its number of kept groups (``__dp_w``), summed per group in stage 3.
    A unit's rows are then capped at C per group and M in total (in hash order of its groups); when
