@@ -418,3 +418,41 @@ def broken_ptr_release_without_test():
 def broken_ptr_test_without_noise():
     """Compares the distance to instability with the threshold without noise."""
     return _ptr_run("PtrTestWithoutNoise", lambda t, s: f"toUInt8(toInt64({s}) >= {t.threshold})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixed noise (biswal thesis §5.3; dpch.mechanisms.MixedNoiseMechanism)
+# ---------------------------------------------------------------------------------------------
+def _mixed_sum_sql(mech, column: str, sensitivity: float) -> str:
+    """SUM(column) clipped to [0, Δ], released by ``mech.sql`` (the branch's UDF call)."""
+    value = f"sum(least(greatest(toFloat64({column}), 0.), {float(sensitivity)!r}))"
+    return f"SELECT {mech.sql(value)} AS s FROM {{table}}"
+
+
+def sql_broken_thesis_mnm_sum(sensitivity: float, eps: float, delta: float, column: str = "x") -> str:
+    """BROKEN: SUM(column) clipped to [0, Δ] released by the thesis's own MNM (Alg. 5.3.6, Thm 5.3.2:
+    MixedNoiseMechanism.thesis(Δ, ε, δ)): for Δ <= t0 = √π·δ·ε/2 the Gaussian branch at
+    σ = √2·Δ/ε, whatever Δ. Its δ at ε is the Gaussian mechanism's at Δ/σ = ε/√2 (Balle & Wang
+    2018, Thm 8): 0.0396 at ε = 1, not the claimed δ (docs/NOISE.md, "Mixed noise"). The fixture
+    refuses parameters where it would not take that branch."""
+    from dpch.mechanisms import MixedNoiseMechanism
+
+    mech = MixedNoiseMechanism.thesis(sensitivity, eps, delta)
+    if not mech.uses_gaussian:
+        raise ValueError("sql_broken_thesis_mnm_sum: Δ > t0, the thesis's MNM takes its (sound) Laplace branch")
+    return _mixed_sum_sql(mech, column, sensitivity)
+
+
+def broken_thesis_mnm_sum(sensitivity: float, eps: float, delta: float, column: str = "x"):
+    """BROKEN: the Python twin of sql_broken_thesis_mnm_sum (MixedNoiseMechanism.thesis(...).sample,
+    the kernel's dpch_gaussian at σ = √2·Δ/ε)."""
+    from dpch.mechanisms import MixedNoiseMechanism
+
+    mech = MixedNoiseMechanism.thesis(sensitivity, eps, delta)
+    if not mech.uses_gaussian:
+        raise ValueError("broken_thesis_mnm_sum: Δ > t0, the thesis's MNM takes its (sound) Laplace branch")
+
+    def mechanism(df, n):
+        return mech.sample(float(np.clip(df[column].to_numpy(dtype=float), 0.0, sensitivity).sum()), n)
+    mechanism.__name__ = f"broken_thesis_mnm_sum(eps={eps}, delta={delta})"
+    return mechanism
