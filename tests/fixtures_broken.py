@@ -9,6 +9,7 @@ strings over {table} and {eps}.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -456,3 +457,49 @@ def broken_thesis_mnm_sum(sensitivity: float, eps: float, delta: float, column: 
         return mech.sample(float(np.clip(df[column].to_numpy(dtype=float), 0.0, sensitivity).sum()), n)
     mechanism.__name__ = f"broken_thesis_mnm_sum(eps={eps}, delta={delta})"
     return mechanism
+
+
+# ---------------------------------------------------------------------------------------------
+# Early stopping (dpch.early_stop, db.refine): broken refinements for dpch.audit.early_stop
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _patched(module, name: str, value):
+    """Replace ``module.name`` for the duration of a with-block (refine, its settlement probe and the
+    audit's fast path all look the attribute up at call time, so all of them use the broken one)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def broken_refine_settles_one_less():
+    """BROKEN: refine settles the cell of k − 1 steps (at least one) after k steps ran: it charges
+    ε_step less than Lemma 11's E(P_k) = k·ε_step for every run of two steps or more; the
+    reservation k_n·ε_step (sup E) is unchanged. A context manager."""
+    from dpch import early_stop as es
+
+    settle = es._settle
+
+    def settle_one_less(conn, ledger, receipt, steps, odp):
+        return settle(conn, ledger, receipt, max(1, steps - 1), odp)
+    return _patched(es, "_settle", settle_one_less)
+
+
+def broken_refine_half_scale():
+    """BROKEN: every step's discrete Laplace at half the calibrated scale (τ = Δ/(2ε_step)): each
+    step is 2ε_step-DP while refine reserves and settles k·ε_step; refine's fail-closed relation
+    check is switched off so that it runs at all. A context manager."""
+    from dpch import early_stop as es
+    from dpch.mechanisms import LaplaceMechanism
+
+    class HalfScale(LaplaceMechanism):
+        @classmethod
+        def calibrated(cls, sensitivity, epsilon, integer=False):
+            return cls(LaplaceMechanism.calibrated(sensitivity, epsilon, integer).scale / 2.0, integer)
+
+        def privacy_relation(self, sensitivity, epsilon):
+            return True
+
+    return _patched(es, "LaplaceMechanism", HalfScale)
