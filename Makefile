@@ -94,7 +94,7 @@ bench-odp: install
 # inside ClickHouse into a temporary store and deleted afterwards (≈ 3 GB disk; see bench/RESULTS.md).
 bench-large: install
 	mkdir -p bench/out
-	$(VPY) bench/bench_large.py --rows 100000000 --base-rows 10000000 --reps 3 \
+	$(VPY) bench/bench_large.py --rows 100000000 --base-rows 10000000 --reps 5 \
 		--out bench/out/large.json --markdown bench/out/large.md --results-md bench/RESULTS.md
 
 # ClickBench-style workload (issue 17): the 43 public ClickBench queries on a synthetic hits table
