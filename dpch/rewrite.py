@@ -487,6 +487,8 @@ class _Rewriter:
             values = (f"arrayMap(__dp_b -> least(greatest({float_literal(lo)} + (toFloat64(__dp_b) + 0.5) * {width}, "
                       f"{float_literal(lo)}), {float_literal(hi)}), {qs[ap.roles['quantile']].noisy_column})")
             return f"{values}[1]" if ap.func == "quantile" else values
+        if "mean" in ap.roles:  # mechanism="bounded_laplace": AVG released directly, in its bounds
+            return qs[ap.roles["mean"]].noisy_column
         if ap.func in ("count", "count_distinct_unit", "count_distinct"):
             return f"greatest({qs[ap.roles['count']].noisy_column}, 0)"
         if ap.func == "sum":
