@@ -237,12 +237,15 @@ class _Rewriter:
 
     @staticmethod
     def _hashed_bucket(bucket_sql: str, hashed: bool = True) -> str:
-        """(keyed hash of the bucket, bucket): sorted, a unit's first r pairs are the r rows it keeps
+        """(keyed hash of the bucket, bucket), packed: sorted, a unit's first r are the r rows it keeps
         (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS and are dropped later).
         Row level keeps every row, so no hash is computed there (``hashed=False``: 0)."""
         b = f"ifNull({bucket_sql}, {QUANTILE_BUCKETS})"
         key = f"sipHash64Keyed({SALT_PLACEHOLDER}, {b})" if hashed else "toUInt64(0)"
-        return f"tuple({key}, toUInt32({b}))"
+        # packed as one UInt128 hash·2^32 + bucket, which sorts exactly as the pair (hash, bucket)
+        # does: groupArraySorted over a number is ~4x faster than over a tuple (bench/RESULTS.md,
+        # ClickBench Q6); the bucket is the low 32 bits (_histogram)
+        return f"bitOr(bitShiftLeft(toUInt128({key}), 32), toUInt128(toUInt32({b})))"
 
     def _k(self, j: int) -> str:
         return f"__dp_k{j}"
@@ -256,8 +259,9 @@ class _Rewriter:
     @staticmethod
     def _histogram(pairs_sql: str) -> str:
         """Group stage of a quantile: the sparse histogram (buckets, counts) of the kept pairs."""
-        kept = f"arrayFilter(__dp_t -> __dp_t.2 < {QUANTILE_BUCKETS}, {pairs_sql})"
-        return f"sumMap(arrayMap(__dp_t -> __dp_t.2, {kept}), arrayMap(__dp_t -> toUInt64(1), {kept}))"
+        buckets = f"arrayMap(__dp_t -> toUInt32(bitAnd(__dp_t, 4294967295)), {pairs_sql})"
+        kept = f"arrayFilter(__dp_b -> __dp_b < {QUANTILE_BUCKETS}, {buckets})"
+        return f"sumMap({kept}, arrayMap(__dp_b -> toUInt64(1), {kept}))"
 
     def _q_agg(self, q: Quantity, rows_col: str, units_col: str, sum_prefix: str) -> str:
         if q.kind == "units":

@@ -27,6 +27,7 @@ import pytest
 from dpch.bind import sql_of
 from dpch.catalog import quote_ident
 from dpch.controller import prepare
+from dpch.rewrite import SALT_PLACEHOLDER as SALT
 from dpch.rewrite import _Rewriter, rewrite_for_sensitivity_check
 
 TABLE = "eqv.rows"
@@ -193,3 +194,48 @@ def test_reference_detects_a_wrong_cap(edb):
                     max_rows_per_unit=4).plan
     got, _ = released(edb, plan)
     assert got != reference(edb, other)
+
+
+@pytest.mark.parametrize("sql,opts", [
+    ("SELECT g, median(age) AS m, quantile(0.9)(amount) AS p FROM {t} GROUP BY g", {}),
+    ("SELECT quantiles(0.1, 0.5)(amount) AS qs FROM {t} WHERE d < 8", {"max_rows_per_unit": 4}),
+])
+def test_quantile_rows_kept_equal_reference(edb, sql, opts):
+    """The quantile path keeps, per unit, the rows of its chosen group (k = 1: smallest h) with the
+    smallest (keyed bucket hash, bucket) pairs, at most min(C, M) of them; the group stage is their
+    bucket histogram. The rewriter packs each pair into one UInt128 (hash·2^32 + bucket, which sorts
+    as the pair does); the reference sorts the pairs themselves, in Python, over the engine's per-row
+    values: the histograms must be equal exactly."""
+    plan = prepare(edb, sql.format(t=TABLE), epsilon=1.0, **opts).plan
+    rw = _Rewriter(plan, noise=False, selection=False, table=None)
+    assert rw.quant_qs and plan.bounding.k == 1
+    keys = [f"({sql_of(k.expr)})" for k in rw.keys]
+    unit = quote_ident(plan.entry.privacy_unit)
+    h = rw.unit_hash_sql(keys, unit) if keys else "toUInt64(0)"
+    buckets = [f"ifNull({q.row_sql}, 65536)" for q in rw.quant_qs]
+    cols = [f"{unit} AS u", f"{h} AS h"] + [f"tuple({k}) AS k{j}" for j, k in enumerate(keys)] + \
+        [f"toUInt32({b}) AS b{i}" for i, b in enumerate(buckets)] + \
+        [f"sipHash64Keyed({SALT}, {b}) AS ph{i}" for i, b in enumerate(buckets)]
+    where = rw._where(key_filters=not rw._defer_key_filters())
+    df = edb.raw_query(rw._salted(f"SELECT {', '.join(cols)} FROM {plan.entry.table_sql}{where}"))
+    cap = min(plan.bounding.max_rows, plan.bounding.rows_per_group)
+    ref: dict = {}
+    for _, rows in df.groupby("u", sort=False):
+        hmin = rows["h"].min()
+        chosen = rows[rows["h"] == hmin]
+        key = tuple(_norm(chosen[f"k{j}"].iloc[0][0]) for j in range(len(keys)))
+        for i in range(len(buckets)):
+            kept = sorted(zip(chosen[f"ph{i}"].astype(np.uint64), chosen[f"b{i}"]))[:cap]
+            hist = ref.setdefault((key, i), {})
+            for _, b in kept:
+                if int(b) < 65536:
+                    hist[int(b)] = hist.get(int(b), 0) + 1
+    got = edb.raw_query(rw._salted(rw.groups_sql()))
+    checked = 0
+    for _, row in got.iterrows():
+        key = tuple(_norm(row[f"__dp_k{j}"]) for j in range(len(keys)))
+        for i, q in enumerate(rw.quant_qs):
+            b, c = row[q.column]
+            assert dict(zip(map(int, b), map(int, c))) == ref.get((key, i), {}), (key, i)
+            checked += sum(map(int, c))
+    assert checked > 0
