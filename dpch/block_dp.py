@@ -33,8 +33,8 @@ from typing import Any
 
 from . import calibration as cal
 from .catalog import quote_ident
+from .controller import charge_first
 from .cost import PrivacyCost
-from .early_stop import charge_first
 from .errors import BackendError, CatalogError, InvalidParameter, QueryRejected
 from .mechanisms.block import BlockDP1Mechanism, BlockDP2Mechanism, dlap_mean_halfwidth
 from .typecheck import default_row_sql, with_settings

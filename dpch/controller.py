@@ -151,6 +151,19 @@ def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 
     return FormattedAnswer(out.body, out.rows, prepared.dataset, cost.epsilon, cost.delta, getattr(receipt, "id", receipt))
 
 
+def charge_first(conn, dataset: str, cost, text: str):
+    """(ledger, receipt): the charge made before anything runs (DESIGN.md invariant 2), by every
+    release path (queries, sparse vector, PTR, early stopping, Block-DP). No ledger, no release
+    (fail closed). Raises BudgetExceeded / QueryRejected with nothing charged."""
+    try:
+        ledger = conn.ledger
+    except DPCHError:
+        raise
+    except Exception as exc:  # fail closed
+        raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
+    return ledger, ledger.charge(conn.analyst, dataset, cost, text)
+
+
 def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):
     """type-check → charge → execute → mark; returns (run's result, receipt). ``rendering`` =
     (format, settings) when the result is rendered by the engine (the probe is rendered alike)."""
@@ -161,13 +174,7 @@ def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):
         probe_sql, fmt = probe.formatted_sql(rendering[1]), rendering[0]
     # on one row of default values, before the charge: a query that cannot run is rejected free
     check_runs(conn.backend, prepared.plan.entry, prepared.plan.bound, probe_sql, fmt)
-    try:
-        ledger = conn.ledger
-    except DPCHError:
-        raise
-    except Exception as exc:  # fail closed: no ledger, no answer
-        raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
-    receipt = ledger.charge(conn.analyst, prepared.dataset, prepared.plan.cost, sql)
+    ledger, receipt = charge_first(conn, prepared.dataset, prepared.plan.cost, sql)
     try:
         result = run()
     except BaseException:

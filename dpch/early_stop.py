@@ -51,8 +51,9 @@ from typing import Any, Callable, Sequence
 
 from . import calibration as cal
 from .accounting import get_accountant, odp_realized
+from .controller import charge_first
 from .cost import MechanismCost, PrivacyCost
-from .errors import BackendError, DPCHError, InvalidParameter, LedgerError, QueryRejected
+from .errors import BackendError, DPCHError, InvalidParameter, QueryRejected
 from .mechanisms import LaplaceMechanism
 from .mechanisms.block import dlap_mean_halfwidth
 from .plan import QueryOptions
@@ -252,18 +253,6 @@ def run_steps(measure: Callable[[int], int], ys: list[int], kn: int, grid: float
         if done:
             return est, h, "target"
     return est, h, "max_steps"
-
-
-def charge_first(conn, dataset: str, cost: PrivacyCost, text: str):
-    """(ledger, receipt): the charge made before anything runs (DESIGN.md invariant 2); no ledger,
-    no release (fail closed). Raises BudgetExceeded / QueryRejected with nothing charged."""
-    try:
-        ledger = conn.ledger
-    except DPCHError:
-        raise
-    except Exception as exc:  # fail closed
-        raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
-    return ledger, ledger.charge(conn.analyst, dataset, cost, text)
 
 
 def _mark(ledger, receipt, outcome: str) -> None:

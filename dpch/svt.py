@@ -77,8 +77,9 @@ from sqlglot import exp
 
 from . import calibration as cal
 from .accounting import SPARSE_VECTOR_KIND, get_accountant, odp_realized
+from .controller import charge_first
 from .cost import MechanismCost, PrivacyCost
-from .errors import BackendError, CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
+from .errors import BackendError, CatalogError, DPCHError, InvalidParameter, QueryRejected
 from .mechanisms import LaplaceMechanism
 from .plan import QueryOptions
 
@@ -253,15 +254,9 @@ class SparseVector:
     def __enter__(self) -> "SparseVector":
         if self.state != "new":
             raise InvalidParameter("a sparse-vector session opens once; start a new one with db.sparse_vector(...)")
-        try:
-            ledger = self.conn.ledger
-        except DPCHError:
-            raise
-        except Exception as exc:  # fail closed: no ledger, no session
-            raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
         text = (f"SPARSE VECTOR ON {self.dataset} THRESHOLD {self.threshold!r} EPSILON {self.epsilon!r} "
                 f"MAX_POSITIVES {self.max_positives} SPLIT {self.split!r}")
-        self.receipt = ledger.charge(self.conn.analyst, self.dataset, self.cost, text)
+        _, self.receipt = charge_first(self.conn, self.dataset, self.cost, text)
         self.state = "open"
         return self
 

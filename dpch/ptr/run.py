@@ -31,8 +31,9 @@ from typing import Any
 
 from .. import calibration as cal
 from ..accounting import get_accountant, odp_realized
+from ..controller import charge_first
 from ..cost import MechanismCost, PrivacyCost
-from ..errors import BackendError, CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
+from ..errors import BackendError, CatalogError, DPCHError, InvalidParameter, QueryRejected
 from ..mechanisms import LaplaceMechanism
 from ..plan import QueryOptions
 from . import sql as S
@@ -305,12 +306,6 @@ class PtrRun:
         for sql, _ in sqls(probe, beta0):
             check_runs(self.conn.backend, plan.entry, plan.bound, sql)
         rw = _Rewriter(plan, noise=False, selection=False, table=None)
-        try:
-            ledger = self.conn.ledger
-        except DPCHError:
-            raise
-        except Exception as exc:  # fail closed
-            raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
         cost = PrivacyCost(tuple(st.cost(f"propose-test-release {self.statistic}: {st.name}") for st in stages))
         text = (f"PTR {self.statistic.upper()} OF {self.column} ON {dataset}"
                 + (f" WHERE {self.where}" if self.where else "")
@@ -318,7 +313,7 @@ class PtrRun:
                 + (f" ALPHA {self.alpha!r}" if self.alpha is not None else "")
                 + (f" BOUND {self.bound!r}" if self.bound is not None else f" ROWS_HINT {self.rows_hint!r}"
                    if self.rows_hint is not None else "") + f" BASE {self.base!r}")
-        receipt = ledger.charge(self.conn.analyst, dataset, cost, text)
+        ledger, receipt = charge_first(self.conn, dataset, cost, text)
         cells: list[int | None] = [None] * len(stages)
         facts: list[dict] = []
         value_units: float | None = None
