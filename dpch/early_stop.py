@@ -56,7 +56,6 @@ from .cost import MechanismCost, PrivacyCost
 from .errors import BackendError, DPCHError, InvalidParameter, QueryRejected
 from .mechanisms import LaplaceMechanism
 from .mechanisms.block import dlap_mean_halfwidth
-from .plan import QueryOptions
 
 __all__ = ["EarlyStopOdp", "RefineResult", "RefineStep", "early_stop_odp", "refine", "run_steps", "MAX_STEPS"]
 
@@ -155,21 +154,13 @@ def _check_params(epsilon_per_step, max_steps, target_halfwidth, target_relative
 
 def _prepare(conn, sql: str, eps: float, options: dict):
     """parse → bind → total → plan → shape check → type check; runs nothing on the data."""
-    from .controller import prepare
     from .rewrite import _Rewriter, rewrite_probe
-    from .svt import SparseVector
+    from .svt import prepare_single_value
     from .typecheck import check_runs, default_row_sql
 
-    extra = sorted(set(options) - set(QueryOptions.CONTRIBUTION))
-    if extra:
-        raise InvalidParameter(f"refine: option(s) {', '.join(extra)} not allowed; only "
-                               f"{', '.join(QueryOptions.CONTRIBUTION)}")
-    if not isinstance(sql, str):
-        raise InvalidParameter("sql: the query must be SQL text")
-    prepared = prepare(conn, sql, epsilon=eps, delta=0.0, mechanism="laplace", **options)
+    prepared, q = prepare_single_value(conn, sql, eps, options, "refine")
     plan = prepared.plan
-    q = SparseVector._check_shape(plan)
-    if q.l1 != math.floor(q.l1) or q.l1 < 1 or not (math.isfinite(q.grid) and q.grid > 0):
+    if not (math.isfinite(q.grid) and q.grid > 0):
         raise QueryRejected("refine: the query's sensitivity is not a whole number of grid units")
     mech = LaplaceMechanism.calibrated(int(q.l1), eps, integer=True)
     if mech.granularity != 1.0 or not mech.privacy_relation(int(q.l1), eps):

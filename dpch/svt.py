@@ -157,6 +157,29 @@ class _Test:
     grid: float
 
 
+def prepare_single_value(conn, sql: str, epsilon: float, options: dict, who: str, *, dataset: str | None = None):
+    """parse → bind → total → plan of a session's query (sparse vector, refine): one ungrouped
+    COUNT or SUM (``SparseVector._check_shape``) with only contribution options, Laplace noise,
+    and an L1 sensitivity of a whole number of grid units. ``dataset``: the table it must read.
+    Runs nothing on the data; returns (prepared, the quantity). ``who`` prefixes the errors."""
+    from .controller import prepare
+
+    extra = sorted(set(options) - set(QueryOptions.CONTRIBUTION))
+    if extra:
+        raise InvalidParameter(f"{who}: option(s) {', '.join(extra)} not allowed; only "
+                               f"{', '.join(QueryOptions.CONTRIBUTION)}")
+    if not isinstance(sql, str):
+        raise InvalidParameter(f"{who}: the query must be SQL text")
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=0.0, mechanism="laplace", **options)
+    if dataset is not None and prepared.dataset != dataset:
+        raise QueryRejected(f"the test query reads {prepared.dataset}; this {who.replace(' ', '-')} session is on "
+                            f"{dataset}; nothing ran")
+    q = SparseVector._check_shape(prepared.plan)
+    if q.l1 != math.floor(q.l1) or q.l1 < 1:
+        raise QueryRejected(f"{who}: the query's sensitivity is not a whole number of grid units")
+    return prepared, q
+
+
 @dataclass(repr=False)
 class SparseVector:
     """A sparse-vector session on one dataset (module docstring). Open it with ``with``."""
@@ -310,24 +333,12 @@ class SparseVector:
 
     def _prepare(self, sql: str, options: dict) -> tuple[_Test, SvtCalibration | None]:
         """parse → bind → total → plan → checks → type check; runs nothing on the data."""
-        from .controller import prepare
         from .rewrite import _Rewriter, rewrite_probe
         from .typecheck import check_runs, default_row_sql
 
-        extra = sorted(set(options) - set(QueryOptions.CONTRIBUTION))
-        if extra:
-            raise InvalidParameter(f"sparse vector: option(s) {', '.join(extra)} not allowed; only "
-                                   f"{', '.join(QueryOptions.CONTRIBUTION)}")
-        if not isinstance(sql, str):
-            raise InvalidParameter("the test query must be SQL text")
-        prepared = prepare(self.conn, sql, epsilon=self.epsilon, delta=0.0, mechanism="laplace", **options)
+        prepared, q = prepare_single_value(self.conn, sql, self.epsilon, options, "sparse vector",
+                                           dataset=self.dataset)
         plan = prepared.plan
-        if prepared.dataset != self.dataset:
-            raise QueryRejected(f"the test query reads {prepared.dataset}; this sparse-vector session is on "
-                                f"{self.dataset}; nothing ran")
-        q = self._check_shape(plan)
-        if q.l1 != math.floor(q.l1) or q.l1 < 1:
-            raise QueryRejected("sparse vector: the query's sensitivity is not a whole number of grid units")
         l1 = int(q.l1)
         k = self.calibration
         new_cal = None
