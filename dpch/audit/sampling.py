@@ -401,24 +401,22 @@ def _projection_chain(tree: exp.Expression) -> list[exp.Select]:
     return []
 
 
-def _global_aggregate(tree: exp.Expression) -> exp.Select | None:
-    """The SELECT whose aggregates make the query a global aggregate (see `is_global_aggregate`)."""
+def _global_chain(tree: exp.Expression) -> list[exp.Select]:
+    """`_projection_chain` when its last SELECT makes the query a global aggregate (no GROUP BY, no
+    window function; see `is_global_aggregate`), else empty."""
     chain = _projection_chain(tree)
-    if not chain:
-        return None
-    agg = chain[-1]
-    if agg.args.get("group") is not None:
-        return None
-    if any(isinstance(n, exp.Window) for p in agg.expressions for n in _walk_scope(p)):
-        return None
-    return agg
+    if not chain or chain[-1].args.get("group") is not None:
+        return []
+    if any(isinstance(n, exp.Window) for p in chain[-1].expressions for n in _walk_scope(p)):
+        return []
+    return chain
 
 
 def is_global_aggregate(sql: str) -> bool:
     """Is the query a SELECT with aggregates, no GROUP BY and no window function, possibly wrapped
     in row-for-row projections, i.e. does one run return one row (before HAVING) whatever its
     input, the empty input included?"""
-    return _global_aggregate(parse(sql)) is not None
+    return bool(_global_chain(parse(sql)))
 
 
 EMPTY_RUNS_PER_QUERY = 500  # grouping sets per query (the engine's cost grows faster than linearly)
@@ -431,12 +429,12 @@ def empty_input_sql(sql: str, table_map: dict[str, str], runs: int, default_db: 
     filters each row on its own). ORDER BY, LIMIT and DISTINCT act on one run's single row, so they
     are dropped (across runs they would merge or cut rows)."""
     tree = parse(replace_tables(sql, table_map, default_db))
-    agg = _global_aggregate(tree)
-    if agg is None:
+    chain = _global_chain(tree)
+    if not chain:
         raise ValueError("not a global aggregate")
-    agg.set("where", exp.Where(this=exp.false()))
-    agg.set("group", exp.Group(expressions=[exp.GroupingSets(expressions=[exp.Tuple() for _ in range(runs)])]))
-    for sel in _projection_chain(tree):
+    chain[-1].set("where", exp.Where(this=exp.false()))
+    chain[-1].set("group", exp.Group(expressions=[exp.GroupingSets(expressions=[exp.Tuple() for _ in range(runs)])]))
+    for sel in chain:
         for arg in ("order", "limit", "distinct", "offset"):
             sel.set(arg, None)
     return render(tree)
@@ -468,7 +466,7 @@ def _fill_empty_runs(run: Callable[[str], pd.DataFrame], sql: str, table_map: di
     missing = [r for r in range(reps[0], reps[1]) if r not in present]
     if not missing:
         return frame
-    if _global_aggregate(parse(sql)).args.get("having") is not None:
+    if _global_chain(parse(sql))[-1].args.get("having") is not None:
         # a run may also be missing because HAVING rejected its row: only runs that received no
         # row at all are empty-input runs
         nonempty = set(run(nonempty_runs_sql(sql, table_map, reps, default_db))[REP].astype(np.int64).tolist())
