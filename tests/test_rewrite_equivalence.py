@@ -27,6 +27,7 @@ import pytest
 from dpch.bind import sql_of
 from dpch.catalog import quote_ident
 from dpch.controller import prepare
+from dpch.mechanisms import QUANTILE_BUCKETS
 from dpch.rewrite import SALT_PLACEHOLDER as SALT
 from dpch.rewrite import _Rewriter, rewrite_for_sensitivity_check
 
@@ -212,7 +213,7 @@ def test_quantile_rows_kept_equal_reference(edb, sql, opts):
     keys = [f"({sql_of(k.expr)})" for k in rw.keys]
     unit = quote_ident(plan.entry.privacy_unit)
     h = rw.unit_hash_sql(keys, unit) if keys else "toUInt64(0)"
-    buckets = [f"ifNull({q.row_sql}, 65536)" for q in rw.quant_qs]
+    buckets = [f"ifNull({q.row_sql}, {QUANTILE_BUCKETS})" for q in rw.quant_qs]
     cols = [f"{unit} AS u", f"{h} AS h"] + [f"tuple({k}) AS k{j}" for j, k in enumerate(keys)] + \
         [f"toUInt32({b}) AS b{i}" for i, b in enumerate(buckets)] + \
         [f"sipHash64Keyed({SALT}, {b}) AS ph{i}" for i, b in enumerate(buckets)]
@@ -228,7 +229,7 @@ def test_quantile_rows_kept_equal_reference(edb, sql, opts):
             kept = sorted(zip(chosen[f"ph{i}"].astype(np.uint64), chosen[f"b{i}"]))[:cap]
             hist = ref.setdefault((key, i), {})
             for _, b in kept:
-                if int(b) < 65536:
+                if int(b) < QUANTILE_BUCKETS:
                     hist[int(b)] = hist.get(int(b), 0) + 1
     got = edb.raw_query(rw._salted(rw.groups_sql()))
     checked = 0
