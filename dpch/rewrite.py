@@ -232,8 +232,15 @@ class _Rewriter:
     def _pair(self, q: Quantity, value_sql: str) -> str:
         if q.kind == "quantile":
             return self._hashed_bucket(value_sql)
-        # a distinct value: (keyed hash, value); tuple() makes a NULL value hashable
-        return f"tuple(sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql})), {value_sql})"
+        # a distinct value: its keyed hash (tuple() makes a NULL value hashable) and a not-NULL bit,
+        # packed as one UInt128 hash·2 + bit. A unit keeps its rows with the smallest hashes as
+        # with the (hash, value) tuple this replaces (same multiset of kept hashes); the group stage
+        # counts distinct kept hashes of non-NULL values, which equals the distinct values unless
+        # two of them collide (the count is then lower; a unit still adds at most its kept hashes,
+        # so the sensitivity is unchanged). A number sorts ~4x faster than a tuple holding a String
+        # (bench/RESULTS.md, ClickBench Q5)
+        return (f"bitOr(bitShiftLeft(toUInt128(sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql}))), 1), "
+                f"toUInt128(isNotNull({value_sql})))")
 
     @staticmethod
     def _hashed_bucket(bucket_sql: str, hashed: bool = True) -> str:
@@ -371,9 +378,10 @@ class _Rewriter:
         for q in p.quantities:
             if q.kind == "quantile":
                 group_cols.append(f"{self._histogram(f'__dp_bq{self.quant_qs.index(q)}')} AS {q.column}")
-            elif q.kind == "distinct":  # uniqExact skips NULL, as COUNT(DISTINCT) does
-                group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> __dp_t.2, "
-                                  f"__dp_bq{self.quant_qs.index(q)}))) AS {q.column}")
+            elif q.kind == "distinct":  # NULL values (bit 0) are skipped, as COUNT(DISTINCT) does
+                group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> bitShiftRight(__dp_t, 1), "
+                                  f"arrayFilter(__dp_t -> bitAnd(__dp_t, 1) = 1, __dp_bq{self.quant_qs.index(q)})))) "
+                                  f"AS {q.column}")
             elif q.kind == "units":
                 group_cols.append(f"toInt64(count()) AS {q.column}")
             elif q.kind == "weighted_units":
