@@ -213,7 +213,7 @@ class _Rewriter:
         else:
             h = "__dp_h"
             res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
-            rq = [f"__dp_rq{i}" for i in range(len(self.quant_qs))]
+            rq = self._rq_columns()
         cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
         pairs = [self._pair(q, r) for q, r in zip(self.quant_qs, rq)]
         sq = [f"__dp_sq{i}" for i in range(len(pairs))]
@@ -228,6 +228,19 @@ class _Rewriter:
         out.append(("__dp_c", _unpack_count(packed[0]) if packed else f"toInt64(countArgMin({h}))"))
         out += [(f"__dp_s{i}", _unpack_sum(a)) for i, a in enumerate(packed)]
         return out + list(zip(sq, [f"groupArraySortedArgMin({cap})({p}, {h})" for p in pairs]))
+
+    def _rq_columns(self) -> list[str]:
+        """The rows stage's column of each quantile/distinct quantity: quantities with the same row
+        expression (MIN(x) and MAX(x), two quantiles of x) share the first one's, so their per-unit
+        aggregates are the same expression and ClickHouse computes it once (the kept rows were
+        identical anyway: same hash, same values); each quantity keeps its own noise."""
+        first: dict[tuple[str, str | None], int] = {}
+        return [f"__dp_rq{first.setdefault((q.kind, q.row_sql), i)}" for i, q in enumerate(self.quant_qs)]
+
+    def _bq_column(self, q: Quantity) -> str:
+        """The bounded stage's kept values of ``q``: the first quantity's with the same row
+        expression (``_rq_columns``), so the group stage's aggregate is computed once too."""
+        return self._rq_columns()[self.quant_qs.index(q)].replace("__dp_rq", "__dp_bq")
 
     def _pair(self, q: Quantity, value_sql: str) -> str:
         if q.kind == "quantile":
@@ -298,7 +311,7 @@ class _Rewriter:
         b = p.bounding
         rk = [f"{sql_of(k.expr)} AS __dp_rk{j}" for j, k in enumerate(self.keys)]
         re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)] + \
-            [f"{q.row_sql} AS __dp_rq{i}" for i, q in enumerate(self.quant_qs)]
+            [f"{q.row_sql} AS {c}" for q, c in zip(self.quant_qs, self._rq_columns()) if c == f"__dp_rq{self.quant_qs.index(q)}"]
         hash_sql = ""
         if self.nk:
             key_args = [f"__dp_rk{j}" for j in range(self.nk)]
@@ -330,8 +343,8 @@ class _Rewriter:
             k, C, M = b.k, b.rows_per_group, b.max_rows
             stage1_cols = ["__dp_u", "__dp_h"] + ([] if kh else [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)]) + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
-                [f"groupArraySorted({C})({self._pair(q, f'__dp_rq{i}')}) AS __dp_sq{i}"
-                 for i, q in enumerate(self.quant_qs)]
+                [f"groupArraySorted({C})({self._pair(q, c)}) AS __dp_sq{i}"
+                 for i, (q, c) in enumerate(zip(self.quant_qs, self._rq_columns()))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its k groups with the smallest keyed hashes, in hash order: one array per
             # column, the permutation that sorts the hashes computed once and applied to each (the
@@ -377,10 +390,10 @@ class _Rewriter:
         group_cols = ["__dp_kh"] if kh else [self._k(j) for j in range(self.nk)]
         for q in p.quantities:
             if q.kind == "quantile":
-                group_cols.append(f"{self._histogram(f'__dp_bq{self.quant_qs.index(q)}')} AS {q.column}")
+                group_cols.append(f"{self._histogram(self._bq_column(q))} AS {q.column}")
             elif q.kind == "distinct":  # NULL values (bit 0) are skipped, as COUNT(DISTINCT) does
                 group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> bitShiftRight(__dp_t, 1), "
-                                  f"arrayFilter(__dp_t -> bitAnd(__dp_t, 1) = 1, __dp_bq{self.quant_qs.index(q)})))) "
+                                  f"arrayFilter(__dp_t -> bitAnd(__dp_t, 1) = 1, {self._bq_column(q)})))) "
                                   f"AS {q.column}")
             elif q.kind == "units":
                 group_cols.append(f"toInt64(count()) AS {q.column}")

@@ -19,6 +19,7 @@ and several aggregates. The data are fixed (seeded), the check deterministic: no
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -204,6 +205,8 @@ def test_reference_detects_a_wrong_cap(edb):
 @pytest.mark.parametrize("sql,opts", [
     ("SELECT g, median(age) AS m, quantile(0.9)(amount) AS p FROM {t} GROUP BY g", {}),
     ("SELECT quantiles(0.1, 0.5)(amount) AS qs FROM {t} WHERE d < 8", {"max_rows_per_unit": 4}),
+    # three quantities over one row expression share one per-unit aggregate (_rq_columns)
+    ("SELECT g, MIN(age) AS lo, MAX(age) AS hi, median(age) AS m FROM {t} GROUP BY g", {}),
 ])
 def test_quantile_rows_kept_equal_reference(edb, sql, opts):
     """The quantile path keeps, per unit, the rows of its chosen group (k = 1: smallest h) with the
@@ -293,3 +296,15 @@ def test_count_distinct_equals_reference(edb, sql, opts):
             assert int(row[q.column]) == len(ref.get((key, i), set())), (key, i)
             checked += int(row[q.column])
     assert checked > 0
+
+
+def test_quantities_over_one_expression_share_their_per_unit_aggregate(edb):
+    """MIN, MAX and median of one column: one rows-stage column, one groupArraySorted, one
+    histogram (their values are checked against the reference above); each keeps its own noise."""
+    plan = prepare(edb, f"SELECT g, MIN(age) AS lo, MAX(age) AS hi, median(age) AS m FROM {TABLE} GROUP BY g",
+                   epsilon=1.0).plan
+    sql = rewrite_for_sensitivity_check(plan).sql
+    assert len(_Rewriter(plan, noise=False, selection=False, table=None).quant_qs) == 3
+    assert sql.count(" AS __dp_rq") == 1 and sql.count("groupArraySortedArgMin(") == 3
+    aggs = re.findall(r"(groupArraySortedArgMin\(.*?) AS __dp_sq\d", sql)
+    assert len(aggs) == 3 and len(set(aggs)) == 1  # the same text: ClickHouse computes it once
