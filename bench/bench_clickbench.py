@@ -82,7 +82,10 @@ def floor_sql(sql: str) -> str:
     where_sql = f" {where.sql(dialect='clickhouse')}" if where is not None else ""
     cols = ", ".join(["UserID"] + [f"{k} AS __k{i}" for i, k in enumerate(keys)])
     by = ", ".join(["UserID"] + [f"__k{i}" for i in range(len(keys))])
-    return f"SELECT count() AS n FROM (SELECT {cols}, count() AS c FROM {schema.TABLE}{where_sql} GROUP BY {by})"
+    # sum(c), not count(): with an outer count() ClickHouse drops the unused per-unit count and the
+    # "floor" only collects the keys (Q0: 104 vs 162 ms at 10 M rows); every user-level rule needs
+    # each unit's row count
+    return f"SELECT sum(c) AS n FROM (SELECT {cols}, count() AS c FROM {schema.TABLE}{where_sql} GROUP BY {by})"
 
 
 def run_query(db, q, repeats: int, epsilon: float, delta: float) -> dict:

@@ -8,7 +8,8 @@ every other name has 4) and registers it at k = 3, M = 10 with the declared leng
 inside aggregates (ClickBench Q27), ``GROUP BY 1`` of a constant SELECT item (Q34), many sums of
 shifted values (Q29), several keys that are functions of one column (Q35), a CASE key over a string
 (Q39), a DATE_TRUNC key ordered by itself with an OFFSET (Q42), and MIN/MAX/median of Date and
-DateTime columns bounded by declared dates (Q6; unit 42's dates are in 2099).
+DateTime columns bounded by declared dates (Q6; unit 42's dates are in 2099); MIN/MAX/median of one
+column sharing one per-unit histogram and COUNT(DISTINCT) over packed value hashes with a NULL bit.
 """
 from __future__ import annotations
 
@@ -102,6 +103,16 @@ CASES = [
     C("cb_date_trunc_minute", "SELECT DATE_TRUNC('minute', ts) AS m, COUNT(*) AS pv FROM {t} "
                               "GROUP BY DATE_TRUNC('minute', ts) ORDER BY DATE_TRUNC('minute', ts) LIMIT 10 OFFSET 5",
       "DATE_TRUNC('minute') key of unit 42's far-future time", pair=PAIR, delta=DELTA_SEL, must_answer=True),
+    # -- shared per-unit aggregates (MIN, MAX and median of one column: one histogram) and packed
+    # COUNT(DISTINCT) (value hashes, NULL bit), k = 3
+    C("cb_min_max_median_shared", "SELECT region, MIN(day) AS lo, MAX(day) AS hi, median(day) AS m FROM {t} "
+                                  "GROUP BY region", "MIN/MAX/median of unit 42's far day, one histogram",
+      pair=PAIR, must_answer=True),
+    C("cb_min_max_shared_private_keys", "SELECT name, MIN(ts) AS lo, MAX(ts) AS hi FROM {t} GROUP BY name",
+      "MIN/MAX(ts) under private keys (unit 42's long name)", pair=PAIR, delta=DELTA_SEL, must_answer=True),
+    C("cb_count_distinct_null_bit", "SELECT region, COUNT(DISTINCT toInt64OrNull(name)) AS a, "
+                                    "COUNT(DISTINCT name) AS b FROM {t} GROUP BY region",
+      "COUNT(DISTINCT) of a parse only unit 42's name fails (NULL) and of the names", pair=PAIR, must_answer=True),
 ]
 
 
