@@ -433,9 +433,12 @@ class _Rewriter:
                 f"AS __dp_agg ON {on}")
 
     def _selection_first_sql(self, inner: str) -> str:
-        """Peeling top-n over privately selected groups: partition selection runs before the
-        top-n stage (its candidates are the released groups), in its own subquery so that the
-        filter and the released count are one draw."""
+        """Private partition selection before anything else is noised: the selection count is
+        drawn and thresholded in its own subquery (so that the filter and the released count are
+        one draw); the other quantities are noised only for the released groups (each draw is
+        independent of the selection's, so their distribution is unchanged; the noise UDF then runs
+        on the released groups, not on every candidate: ClickBench Q30, bench/RESULTS.md). A
+        peeling top-n's candidates are the released groups."""
         p = self.plan
         sel_q = p.quantities[p.selection.quantity]  # type: ignore[union-attr]
         value = f"toInt64({sel_q.column})"
@@ -473,9 +476,9 @@ class _Rewriter:
 
     def _noised_here(self, q: Quantity) -> bool:
         """Whether the noised stage releases q (not a score that no output uses, not the
-        selection count that a top-n plan released before choosing)."""
+        selection count, drawn before: ``_selection_first_sql``)."""
         p = self.plan
-        early = p.top_k is not None and p.selection is not None and q.index == p.selection.quantity
+        early = p.selection is not None and q.index == p.selection.quantity
         return q.released and not early
 
     def noised_sql(self, inner: str) -> str:
@@ -483,8 +486,8 @@ class _Rewriter:
         cols = [self._k(j) for j in range(self.nk)]
         if p.top_k is not None:
             cols.append("__dp_rank")
-            if p.selection is not None:
-                cols.append(p.quantities[p.selection.quantity].noisy_column)
+        if p.selection is not None:
+            cols.append(p.quantities[p.selection.quantity].noisy_column)
         for q in self.plan.quantities:
             if not self._noised_here(q):
                 continue
@@ -589,9 +592,9 @@ class _Rewriter:
     def build(self) -> Rewritten:
         groups = self.groups_sql(key_hash=True)
         keyed = self.with_public_keys(groups, key_hash=True)
+        if self.plan.selection is not None:
+            keyed = self._selection_first_sql(keyed)
         if self.plan.top_k is not None:
-            if self.plan.selection is not None:
-                keyed = self._selection_first_sql(keyed)
             keyed = self.top_k_sql(keyed)
         noised = self.noised_sql(keyed)
         released = self.released_sql(noised)

@@ -345,12 +345,17 @@ def _is_noisy(node: exp.Expression, scope: exp.Select, depth: int = 0) -> bool |
         for sub in derived:
             if col.table and col.table != sub.alias_or_name:
                 continue
-            for proj in sub.this.expressions:
-                if proj.alias_or_name == col.name:
-                    inner = _is_noisy(proj, sub.this, depth + 1)
-                    if inner is None:
-                        return None
-                    verdict = verdict or inner
+            projs = sub.this.expressions
+            named = [p for p in projs if p.alias_or_name == col.name]
+            if not named and any(isinstance(p, exp.Star) for p in projs):
+                # `SELECT *` passes the column through from its own source (the controller's
+                # selection stage: SELECT * FROM (SELECT *, noise AS n …) WHERE n >= threshold)
+                named = [exp.column(col.name)]
+            for proj in named:
+                inner = _is_noisy(proj, sub.this, depth + 1)
+                if inner is None:
+                    return None
+                verdict = verdict or inner
     return verdict
 
 
