@@ -102,7 +102,7 @@ bench-large: install
 # (store cached in bench/.data/clickbench-10000000; `--rows 1000000` for a quick run; see bench/RESULTS.md).
 bench-clickbench: install
 	mkdir -p bench/out
-	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 3 \
+	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 5 \
 		--out bench/out/clickbench.json --markdown bench/out/clickbench.md
 
 clean:
