@@ -104,6 +104,8 @@ bench-clickbench: install
 	mkdir -p bench/out
 	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 5 \
 		--out bench/out/clickbench.json --markdown bench/out/clickbench.md
+	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 5 --accelerate \
+		--out bench/out/clickbench_accelerated.json --markdown bench/out/clickbench_accelerated.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)
