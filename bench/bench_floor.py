@@ -21,7 +21,7 @@ the embedded engine runs in this process; the noise UDF's own process is not cou
 On a shared machine the CPU-time ratio is the steadier one: other processes' load stretches wall
 times, not the CPU a query spends.
 
-- with ``--baseline-rev REV``, ``dp_sql_base``: the same plan rewritten by dpch/rewrite.py as of git
+- with ``--baseline-rev REV``, ``dp_sql_base``: the same plan rewritten by the rewriter (dpch/rewrite/) as of git
   revision REV (before/after in one run; e.g. ``--baseline-rev 87b875f``, before issue 17's change).
 
     python3 bench/bench_floor.py [--rows 10000000] [--units 1000000] [--reps 9] [--json FILE]
@@ -70,13 +70,29 @@ def build_data(db, rows: int, units: int) -> None:
 
 
 def baseline_rewriter(rev: str):
-    """dpch/rewrite.py as of git revision ``rev``, importable next to today's package."""
+    """The rewriter as of git revision ``rev`` (dpch/rewrite.py, or the dpch/rewrite/ package after
+    the split), importable next to today's package as ``rewrite_base``."""
     repo = Path(__file__).resolve().parents[1]
-    src = subprocess.run(["git", "show", f"{rev}:dpch/rewrite.py"], cwd=repo, check=True, capture_output=True,
-                         text=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="dpch_rewrite_base_")) / "rewrite_base.py"
-    path.write_text(re.sub(r"^from \.", "from dpch.", src, flags=re.M))
-    spec = importlib.util.spec_from_file_location("rewrite_base", path)
+
+    def show(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, capture_output=True, text=True)
+
+    root = Path(tempfile.mkdtemp(prefix="dpch_rewrite_base_"))
+    single = show("dpch/rewrite.py")
+    if single.returncode == 0:
+        path = root / "rewrite_base.py"
+        path.write_text(re.sub(r"^from \.", "from dpch.", single.stdout, flags=re.M))
+        spec = importlib.util.spec_from_file_location("rewrite_base", path)
+    else:
+        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:dpch/rewrite"], cwd=repo, check=True,
+                               capture_output=True, text=True).stdout.split()
+        pkg = root / "rewrite_base"
+        pkg.mkdir()
+        for name in names:  # parent-relative imports point at today's dpch; sibling imports stay
+            text = show(f"dpch/rewrite/{name}").stdout
+            (pkg / name).write_text(re.sub(r"^from \.\.", "from dpch.", text, flags=re.M))
+        spec = importlib.util.spec_from_file_location("rewrite_base", pkg / "__init__.py",
+                                                      submodule_search_locations=[str(pkg)])
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["rewrite_base"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
@@ -165,7 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--json", default=None, help="write the results here")
-    ap.add_argument("--baseline-rev", default=None, help="also run the SQL of dpch/rewrite.py at this git revision")
+    ap.add_argument("--baseline-rev", default=None, help="also run the SQL of the rewriter (dpch/rewrite/) at this git revision")
     args = ap.parse_args(argv)
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="dpch_bench_floor_")
     base = baseline_rewriter(args.baseline_rev) if args.baseline_rev else None

@@ -1,0 +1,47 @@
+"""The rewriter: one plan, one ClickHouse query (the stages of the package docstring, innermost
+first)."""
+from __future__ import annotations
+
+from ..plan import Plan
+from ..typecheck import with_settings
+from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
+from .bounding import BoundingStages
+from .release import ReleaseStages
+
+
+class _Rewriter(BoundingStages, ReleaseStages):
+    def __init__(self, plan: Plan, *, noise: bool, selection: bool, table: str | None):
+        self.plan = plan
+        self.noise = noise
+        self.selection = selection
+        e = plan.entry
+        self.table_sql = table or e.table_sql
+        self.keys = list(plan.bound.keys)
+        self.nk = len(self.keys)
+        self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind not in ("quantile", "distinct")]
+        # quantiles: each unit keeps at most q.rows of its rows per group (those whose bucket has
+        # the smallest keyed hash: a function of the unit's own rows), collected as (hash, bucket)
+        # COUNT(DISTINCT expr) collects (hash, value) pairs the same way (values, not buckets)
+        self.quant_qs = [q for q in plan.quantities if q.kind in ("quantile", "distinct")]
+        # the weighted Gaussian's selection statistic (k > 1 path only): Σ over the group's units of
+        # unit_weight(j_u, S), j_u = the unit's number of kept groups
+        self.weighted = next((q for q in plan.quantities if q.kind == "weighted_units"), None)
+
+    def build(self) -> Rewritten:
+        groups = self.groups_sql(key_hash=True)
+        keyed = self.with_public_keys(groups, key_hash=True)
+        if self.plan.selection is not None:
+            keyed = self._selection_first_sql(keyed)
+        if self.plan.top_k is not None:
+            keyed = self.top_k_sql(keyed)
+        noised = self.noised_sql(keyed)
+        released = self.released_sql(noised)
+        display, names, internal = self.outer_sql(released)
+        shown = display.replace(SALT_PLACEHOLDER, "<secret salt>").replace(UNIT_SALT_PLACEHOLDER, "<secret salt>")
+        return Rewritten(sql=self._salted(with_settings(display)), display_sql=shown, output_names=names,
+                         internal_columns=internal,
+                         released_sql=self._salted(self.outer_sql(released, with_internal=False)[0]))
+
+    def _salted(self, sql: str) -> str:
+        return sql.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
+            UNIT_SALT_PLACEHOLDER, self.plan.entry.unit_salt_sql())
