@@ -10,6 +10,10 @@ from .release import ReleaseStages
 
 
 class _Rewriter(BoundingStages, ReleaseStages):
+    """One plan's query text. ``noise=False`` and ``selection=False`` exist for tests and the type
+    check only (the identity instead of the noise UDFs, every group kept); ``table`` replaces the
+    protected table (a neighbouring dataset, or the probe's row of default values)."""
+
     def __init__(self, plan: Plan, *, noise: bool, selection: bool, table: str | None):
         self.plan = plan
         self.noise = noise
@@ -20,8 +24,8 @@ class _Rewriter(BoundingStages, ReleaseStages):
         self.nk = len(self.keys)
         self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind not in ("quantile", "distinct")]
         # quantiles: each unit keeps at most q.rows of its rows per group (those whose bucket has
-        # the smallest keyed hash: a function of the unit's own rows), collected as (hash, bucket)
-        # COUNT(DISTINCT expr) collects (hash, value) pairs the same way (values, not buckets)
+        # the smallest keyed hash: a function of the unit's own rows), collected as packed
+        # (hash, bucket) numbers; COUNT(DISTINCT expr) the same way with (value hash, not-NULL bit)
         self.quant_qs = [q for q in plan.quantities if q.kind in ("quantile", "distinct")]
         # the weighted Gaussian's selection statistic (k > 1 path only): Σ over the group's units of
         # unit_weight(j_u, S), j_u = the unit's number of kept groups
