@@ -116,7 +116,7 @@ class BoundingStages:
         else:
             h = "__dp_h"
             res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
-            rq = self._rq_columns()
+            rq = self.rq_columns
         cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
         pairs = [self._pair(q, r) for q, r in zip(self.quant_qs, rq)]
         sq = [f"__dp_sq{i}" for i in range(len(pairs))]
@@ -142,8 +142,8 @@ class BoundingStages:
 
     def _bq_column(self, q: Quantity) -> str:
         """The bounded stage's kept values of ``q``: the first quantity's with the same row
-        expression (``_rq_columns``), so the group stage's aggregate is computed once too."""
-        return self._rq_columns()[self.quant_qs.index(q)].replace("__dp_rq", "__dp_bq")
+        expression (``rq_columns``), so the group stage's aggregate is computed once too."""
+        return self.rq_columns[self.quant_qs.index(q)].replace("__dp_rq", "__dp_bq")
 
     def _pair(self, q: Quantity, value_sql: str) -> str:
         if q.kind == "quantile":
@@ -214,7 +214,7 @@ class BoundingStages:
         b = p.bounding
         rk = [f"{sql_of(k.expr)} AS __dp_rk{j}" for j, k in enumerate(self.keys)]
         re = [f"{q.row_sql} AS __dp_re{i}" for i, q in enumerate(self.row_qs)] + \
-            [f"{q.row_sql} AS {c}" for q, c in zip(self.quant_qs, self._rq_columns()) if c == f"__dp_rq{self.quant_qs.index(q)}"]
+            [f"{q.row_sql} AS {c}" for i, (q, c) in enumerate(zip(self.quant_qs, self.rq_columns)) if c == f"__dp_rq{i}"]
         hash_sql = ""
         if self.nk:
             key_args = [f"__dp_rk{j}" for j in range(self.nk)]
@@ -247,7 +247,7 @@ class BoundingStages:
             stage1_cols = ["__dp_u", "__dp_h"] + ([] if kh else [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)]) + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
                 [f"groupArraySorted({C})({self._pair(q, c)}) AS __dp_sq{i}"
-                 for i, (q, c) in enumerate(zip(self.quant_qs, self._rq_columns()))]
+                 for i, (q, c) in enumerate(zip(self.quant_qs, self.rq_columns))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its k groups with the smallest keyed hashes, in hash order: one array per
             # column, the permutation that sorts the hashes computed once and applied to each (the

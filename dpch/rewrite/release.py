@@ -160,11 +160,8 @@ class ReleaseStages:
         cols = [self._k(j) for j in range(self.nk)] + (["__dp_rank"] if p.top_k is not None else [])
         cols += [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates)) if self._agg_released(i)]
         cols += [q.noisy_column for q in p.quantities if q.released]
-        where = ""
-        if p.selection is not None and self.selection:
-            sel_q = p.quantities[p.selection.quantity]
-            where = f"\nWHERE {sel_q.noisy_column} >= {p.selection.threshold}"
-        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n){where}"
+        # partition selection has already filtered the groups (_selection_first_sql)
+        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
 
     def outer_sql(self, inner: str, with_internal: bool = True) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         bound = self.plan.bound

@@ -27,6 +27,7 @@ class _Rewriter(BoundingStages, ReleaseStages):
         # the smallest keyed hash: a function of the unit's own rows), collected as packed
         # (hash, bucket) numbers; COUNT(DISTINCT expr) the same way with (value hash, not-NULL bit)
         self.quant_qs = [q for q in plan.quantities if q.kind in ("quantile", "distinct")]
+        self.rq_columns = self._rq_columns()
         # the weighted Gaussian's selection statistic (k > 1 path only): Σ over the group's units of
         # unit_weight(j_u, S), j_u = the unit's number of kept groups
         self.weighted = next((q for q in plan.quantities if q.kind == "weighted_units"), None)
