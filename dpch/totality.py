@@ -124,6 +124,15 @@ FUNCTION_RULES: dict[str, Rule] = {
     **_rules("reject", "strtodate strtotime parsedatetime", "parsing throws on malformed text; use toDateOrNull"),
 }
 
+# Date and time functions parse a String argument row by row (a date, a time zone): the parse
+# throws on malformed text, so such an argument must be a constant (checked once, while the query is
+# analysed) or of a non-String type. The first argument of the conversions and of toString is
+# exempt: the conversions are rewritten to total forms, and toString of a String is the identity.
+_DATE_FUNCS = {n for n, r in FUNCTION_RULES.items() if r.why == FUNCTION_RULES["toyear"].why} | {"formatdatetime", "timetostr", "datediff", "date_diff", "age", "dateadd", "date_add", "datesub",
+                "date_sub", "datetrunc", "date_trunc", "timestamptrunc", "timestampadd", "timestampsub",
+                "timestampdiff", "tostartofinterval", "toweek", "tostartofweek"}
+_FIRST_EXEMPT = {"tostring", "todate", "todate32", "todatetime", "tounixtimestamp"}
+
 # sub-second units are missing on purpose: they turn a DateTime into a DateTime64 (a Decimal), whose
 # arithmetic throws on overflow
 _UNITS = {"SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "QUARTER", "YEAR"}
@@ -145,6 +154,9 @@ _DECIMAL_TARGETS = ("datetime64", "timestamp")  # Decimal-based: rejected as con
 
 
 def _check_target(target: str, where: str) -> None:
+    if base_type(target).lower().startswith("interval"):
+        raise _reject(f"{where}: a conversion to {target} makes an interval, whose date arithmetic throws on "
+                      "overflow; add a number of units with addDays/addSeconds/... instead")
     if base_type(target).lower().startswith(_DECIMAL_TARGETS):
         raise _reject(f"{where}: a conversion to {target} gives a Decimal-based DateTime64, whose arithmetic throws "
                       "on overflow; convert to DateTime")
@@ -169,7 +181,7 @@ _CLASS_NAMES = {
     "Xor": "xor", "Not": "not", "Like": "like", "ILike": "ilike", "RegexpLike": "match", "RegexpILike": "regexpilike",
     "SimilarTo": "similarto", "Is": "is", "In": "in", "Between": "between", "DPipe": "dpipe", "BitwiseAnd": "bitand",
     "BitwiseOr": "bitor", "BitwiseXor": "bitxor", "BitwiseNot": "bitnot", "BitwiseLeftShift": "bitshiftleft",
-    "BitwiseRightShift": "bitshiftright", "Cast": "cast", "TryCast": "accuratecastornull", "Interval": "interval",
+    "BitwiseRightShift": "bitshiftright", "Cast": "cast", "TryCast": "cast", "Interval": "interval",
     "Abs": "abs", "Sign": "sign", "Round": "round", "Floor": "floor", "Ceil": "ceil", "Trunc": "trunc",
     "Sqrt": "sqrt", "Cbrt": "cbrt", "Pow": "pow", "Exp": "exp", "Ln": "ln", "Log": "log", "Least": "least",
     "Greatest": "greatest", "If": "if", "Case": "case", "Coalesce": "coalesce", "Nullif": "nullif",
@@ -323,6 +335,7 @@ class _Totalizer:
         self.entry = bound.entry if bound is not None else entry
         self.types = types
         self.pending: list[exp.Expression] = []  # nodes whose total form depends on a type
+        self.parsed: list[tuple[str, str, exp.Expression]] = []  # (where, function, argument): must not be a String
 
     # -- checks ---------------------------------------------------------------------------------
     def check(self, root: exp.Expression, where: str) -> None:
@@ -431,16 +444,38 @@ class _Totalizer:
                                                     else node.args.get("expression") is not None)):
                 self.pending.append(node)
 
+    def collect_parsed(self, root: exp.Expression, where: str) -> None:
+        """Arguments that a date function (or date ± INTERVAL) would parse if they were Strings:
+        those computed from a column (a constant is parsed once, while the query is analysed)."""
+        for node in root.walk():
+            name = _name(node)
+            args = list(node.expressions) if isinstance(node, exp.Anonymous) else \
+                [c for c in node.iter_expressions() if isinstance(c, exp.Expression)]
+            if name in _FIRST_EXEMPT:
+                args = args[1:]
+            elif name not in _DATE_FUNCS and not any(isinstance(a, exp.Interval) for a in args):
+                continue
+            for a in args:
+                if not isinstance(a, exp.Interval) and a.find(exp.Column) is not None:
+                    self.parsed.append((where, name or "an INTERVAL addition", a))
+
     def _typed(self, roots: list[tuple[str, exp.Expression]]) -> dict[int, str]:
         """Check and collect every root, then ask the types of the collected nodes in one call:
-        {id(node): type}."""
+        {id(node): type}. A String argument of a date function is rejected here."""
         for where, root in roots:
             self.check(root, where)
             self.collect(root)
-        if not self.pending:
+            self.collect_parsed(root, where)
+        if not self.pending and not self.parsed:
             return {}
-        sqls = [_type_probe_sql(n) for n in self.pending]
+        sqls = [_type_probe_sql(n) for n in self.pending] + [a.sql(dialect="clickhouse") for _, _, a in self.parsed]
         types = self.types(sqls) if self.types is not None else ["String"] * len(sqls)  # unknown: the worst (a parse)
+        for (where, name, _), t in zip(self.parsed, types[len(self.pending):]):
+            if _stringy(t):
+                raise _reject(f"{where}: {name}(): an argument computed from the rows is a String, which ClickHouse "
+                              "would parse row by row as a date or a time zone (the parse throws on malformed text); "
+                              "use a constant, a Date/DateTime column, or toDateOrNull/toDateTimeOrNull; nothing ran "
+                              "and nothing was charged")
         return {id(n): t for n, t in zip(self.pending, types)}
 
     def rewrite(self, root: exp.Expression, arg_types: dict[int, str]) -> exp.Expression:
@@ -463,13 +498,20 @@ class _Totalizer:
                     amount.replace(_finite_int(amount))
             elif id(node) in arg_types:
                 self._conversion(node, name, arg_types[id(node)])
-        for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic and casts throw: Float64
+            elif name == "accuratecastornull" and isinstance(node, exp.Anonymous) and len(node.expressions) == 2 \
+                    and base_type(node.expressions[1].this).startswith("Decimal"):
+                node.expressions[1].replace(exp.Literal.string("Float64"))  # Decimal arithmetic throws
+        for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic, casts, comparisons throw: Float64
             typ = base_type(self.entry.columns.get(col.name, ""))
-            under = isinstance(col.parent, (exp.Binary, exp.Neg, exp.Func, exp.Interval)) \
-                and not isinstance(col.parent, exp.Predicate)
+            top = col
+            while isinstance(top.parent, exp.Paren) and top.parent is not holder:
+                top = top.parent
+            under = top.parent is not holder  # anything but the whole expression (a key, an aggregated column)
             if typ.startswith("Decimal") and under:
                 col.replace(exp.Anonymous(this="toFloat64", expressions=[col.copy()]))
-            elif typ.startswith("DateTime64") and under:
+            elif typ.startswith("DateTime64") and under and not (
+                    isinstance(top.parent, exp.Predicate)
+                    and all(o is top or o.find(exp.Column) is None for o in top.parent.iter_expressions())):
                 raise _reject(f"column {col.name!r} is a DateTime64 (a Decimal): arithmetic and conversions on it "
                               "throw on overflow; compare it with constants or group by it as it is")
         return holder.this

@@ -67,8 +67,12 @@ def _describe(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
 
 
 def default_row_sql(entry: TableEntry) -> str:
-    """A one-row subquery with the table's registered columns at their types' default values."""
-    cols = ", ".join(f"defaultValueOfTypeName({quote_string(t)}) AS {quote_ident(c)}" for c, t in entry.columns.items())
+    """A one-row subquery with the table's registered columns at their types' default values.
+    materialize(): the columns are not constants, as a table's are not; otherwise ClickHouse folds
+    expressions over them while it analyses the query, and an error the real columns would raise
+    then (a String compared with a Date, a time zone that is not constant) goes unseen."""
+    cols = ", ".join(f"materialize(defaultValueOfTypeName({quote_string(t)})) AS {quote_ident(c)}"
+                     for c, t in entry.columns.items())
     return f"(SELECT {cols})"
 
 

@@ -68,6 +68,16 @@ def test_every_allowed_function_has_a_totality_rule():
     ("toDecimal64(toDecimal64(amount, 4), 4) > 0",
      "trunc(accurateCastOrNull(trunc(accurateCastOrNull(amount, 'Float64'), 4), 'Float64'), 4)"),
     ("intDiv(intDiv(qty, 0), 2) = 0", "intDivOrZero(CASE WHEN isFinite(intDivOrZero(CASE WHEN"),
+    # a Decimal anywhere but as the whole expression is a Float64: its arithmetic throws, and compared
+    # with a column it wraps (decimal_check_overflow = 0); parentheses and tuples do not hide it
+    ("price > 1.5", "toFloat64(price) > 1.5"),
+    ("(price) / qty > 1", "(toFloat64(price)) / qty"),
+    ("((price)) / qty > 1", "((toFloat64(price))) / qty"),
+    ("(price, 1) = (1, 1)", "(toFloat64(price), 1)"),
+    # TRY_CAST is rendered CAST(x AS Nullable(T)), which throws like CAST: the same total forms
+    ("TRY_CAST(name AS Int32) > 0", "accurateCastOrNull(name, 'Int32')"),
+    ("TRY_CAST(amount AS Decimal(18, 4)) > 0", "accurateCastOrNull(amount, 'Float64')"),
+    ("accurateCastOrNull(amount, 'Decimal(18, 4)') > 0", "accurateCastOrNull(amount, 'Float64')"),
 ])
 def test_partial_functions_become_total(condition, expected):
     assert expected in total_where(condition)
@@ -76,7 +86,8 @@ def test_partial_functions_become_total(condition, expected):
 @pytest.mark.parametrize("condition,kept", [
     ("toInt64(qty) > 0", "toInt64(qty)"),  # integer → integer wraps, never throws
     ("toDate(qty) > today()", "toDate(qty)"),
-    ("price > 1.5", "price > 1.5"),  # Decimal comparison does not throw
+    ("toString(name) = 'a'", "toString(name)"),  # toString of a String is the identity, no parse
+    ("addDays(day, qty) > today()", "addDays(day, qty)"),  # date arithmetic on a Date
     ("lower(name) = 'a'", "lower(name)"),
 ])
 def test_total_functions_stay(condition, kept):
@@ -109,6 +120,16 @@ def test_total_functions_stay(condition, kept):
     ("round(amount, qty) > 0", "digits"),
     ("toStartOfInterval(ts, INTERVAL 0 DAY) > now()", "positive"),
     ("toDecimal64(amount, qty) > 0", "scale"),
+    ("TRY_CAST(name AS Enum8('a' = 1)) = 'a'", "Enum"),
+    ("TRY_CAST(ts AS DateTime64(9)) > now()", "DateTime64"),
+    ("ts + accurateCastOrNull(qty, 'IntervalNanosecond') > ts", "interval"),
+    # a String computed from the rows, parsed row by row as a date or a time zone
+    ("addDays(name, 1) > day", "parse row by row"),
+    ("name + INTERVAL 1 DAY > day", "parse row by row"),
+    ("dateDiff('day', name, day) > 0", "parse row by row"),
+    ("toString(ts, name) != ''", "parse row by row"),
+    ("formatDateTime(ts, '%Y', name) != ''", "parse row by row"),
+    ("toYear(ts, nname) > 0", "parse row by row"),
 ])
 def test_rejections_name_the_function_and_reason(condition, match):
     with pytest.raises(QueryRejected, match=match):
