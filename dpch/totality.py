@@ -499,7 +499,7 @@ class _Totalizer:
             elif id(node) in arg_types:
                 self._conversion(node, name, arg_types[id(node)])
             elif name == "accuratecastornull" and isinstance(node, exp.Anonymous) and len(node.expressions) == 2 \
-                    and base_type(node.expressions[1].this).startswith("Decimal"):
+                    and base_type(node.expressions[1].this).lower().startswith("decimal"):
                 node.expressions[1].replace(exp.Literal.string("Float64"))  # Decimal arithmetic throws
         for col in list(holder.find_all(exp.Column)):  # Decimal arithmetic, casts, comparisons throw: Float64
             typ = base_type(self.entry.columns.get(col.name, ""))

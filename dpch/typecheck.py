@@ -27,9 +27,11 @@ from .execute import sanitize_error
 # conditions does not depend on which rows match), Decimal overflow does not throw, and a CAST of a
 # NULL (which the total forms produce) stays NULL instead of throwing; if/CASE branches of different
 # types get a classic supertype or a type error, never a Variant (whose conversions the totality
-# rules do not cover: CAST of a Variant holding NaN to an integer throws).
+# rules do not cover: CAST of a Variant holding NaN to an integer throws); no query condition cache
+# (it skips granules where an earlier run matched no row, so the time of a repeated WHERE would
+# tell whether unit 42's rows match it).
 QUERY_SETTINGS = ("short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0, "
-                  "cast_keep_nullable = 1, use_variant_as_common_type = 0")
+                  "cast_keep_nullable = 1, use_variant_as_common_type = 0, use_query_condition_cache = 0")
 
 
 def with_settings(sql: str, extra: dict[str, str] | None = None) -> str:
