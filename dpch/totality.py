@@ -128,9 +128,8 @@ FUNCTION_RULES: dict[str, Rule] = {
 # throws on malformed text, so such an argument must be a constant (checked once, while the query is
 # analysed) or of a non-String type. The first argument of the conversions and of toString is
 # exempt: the conversions are rewritten to total forms, and toString of a String is the identity.
-_DATE_FUNCS = {n for n, r in FUNCTION_RULES.items() if r.why == FUNCTION_RULES["toyear"].why} | {"formatdatetime", "timetostr", "datediff", "date_diff", "age", "dateadd", "date_add", "datesub",
-                "date_sub", "datetrunc", "date_trunc", "timestamptrunc", "timestampadd", "timestampsub",
-                "timestampdiff", "tostartofinterval", "toweek", "tostartofweek"}
+_DATE_FUNCS = {n for n, r in FUNCTION_RULES.items()
+               if r.why in {FUNCTION_RULES[f].why for f in ("toyear", "formatdatetime", "datediff")}} - {"interval"}
 _FIRST_EXEMPT = {"tostring", "todate", "todate32", "todatetime", "tounixtimestamp"}
 
 # sub-second units are missing on purpose: they turn a DateTime into a DateTime64 (a Decimal), whose
