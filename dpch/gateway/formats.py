@@ -12,6 +12,7 @@ import threading
 
 import pandas as pd
 
+from ..rewrite.base import ANSWER_ONLY_SETTINGS
 from .errors import BAD_ARGUMENTS, UNKNOWN_FORMAT, GatewayError
 
 # Output formats that only write the result (no files, schemas or templates read or written).
@@ -49,8 +50,9 @@ OUTPUT_SETTINGS = {
     "output_format_pretty_max_rows": r"^[0-9]{1,9}$",
     "output_format_pretty_color": r"^([01]|auto)$",
     "format_csv_delimiter": r"^.$",
-    "output_format_write_statistics": r"^[01]$",
 }
+# Never from the client: statistics and row counts describe the engine's work on private rows
+# (DESIGN.md invariant 11); every rendering forces them off (dpch.rewrite.base.ANSWER_ONLY_SETTINGS).
 MIME = {"json": "application/json; charset=UTF-8", "jsoncompact": "application/json; charset=UTF-8",
         "jsonstrings": "application/json; charset=UTF-8", "jsoncompactstrings": "application/json; charset=UTF-8",
         "jsoneachrow": "application/x-ndjson; charset=UTF-8", "csv": "text/csv; charset=UTF-8",
@@ -120,9 +122,8 @@ class Renderer:
             self._render = render
 
     def render(self, df: pd.DataFrame, fmt: str, settings: dict[str, str] | None = None) -> bytes:
-        sql = "SELECT * FROM Python(dpch_source)"
-        if settings:
-            sql += " SETTINGS " + ", ".join(f"{k} = {_sql_string(v)}" for k, v in settings.items())
+        sql = "SELECT * FROM Python(dpch_source) SETTINGS " + ", ".join(
+            f"{k} = {_sql_string(v)}" for k, v in {**(settings or {}), **ANSWER_ONLY_SETTINGS}.items())
         try:
             return self._render(sql, _prepare(df), fmt)
         except Exception as exc:  # noqa: BLE001 - the formatter saw only released values

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from ..typecheck import with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
+
+# Output settings forced on every rendered answer, after the client's (DESIGN.md invariant 11).
+ANSWER_ONLY_SETTINGS = {"output_format_write_statistics": "0", "rows_before_aggregation": "0",
+                        "exact_rows_before_limit": "0"}
+_NO_LIMIT = "18446744073709551615"  # the largest LIMIT: keeps every released row
 UNIT_SALT_PLACEHOLDER = "/*<secret unit salt>*/"
 
 
@@ -22,8 +27,12 @@ class Rewritten:
 
     def formatted_sql(self, settings: dict[str, str] | None = None) -> str:
         """``released_sql`` with the query settings plus ``settings`` (output format settings,
-        already validated by the caller)."""
-        return with_settings(self.released_sql, settings)
+        already validated by the caller), rendered so that the answer carries released values and
+        nothing else (DESIGN.md invariant 11): no engine statistics (rows/bytes read, elapsed), no
+        rows before aggregation, and an outermost LIMIT so that ``rows_before_limit_at_least``
+        counts released rows (an inner LIMIT would otherwise report the rows it saw)."""
+        wrapped = f"SELECT * FROM (\n{self.released_sql}\n) LIMIT {_NO_LIMIT}"
+        return with_settings(wrapped, {**(settings or {}), **ANSWER_ONLY_SETTINGS})
 
 
 _LOW64 = "18446744073709551615"  # 2^64 - 1
