@@ -91,6 +91,7 @@ SUM_FUNCS = ("sum",)
 QUANTITY_KINDS = ("rows", "units", "sum", "distinct")
 MAX_MULTIPLIER = 2 ** 62  # m·q stays within Int128 (|q| < 2^63)
 MAX_THRESHOLD_UNITS = 2 ** 100  # T0 + ρ stays within Int128
+MAX_POSITIVES = 10_000  # c + 1 ODP cells are reserved in the ledger (Lemma 8)
 
 
 def default_split(max_positives: int) -> float:
@@ -203,8 +204,9 @@ class SparseVector:
         e = cal.check_epsilon(self.epsilon)
         self.epsilon = e
         c = self.max_positives
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise InvalidParameter("max_positives must be an integer >= 1")
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_POSITIVES:
+            # the reservation holds one ODP cell per possible count of ⊤ answers (svt_epsilons)
+            raise InvalidParameter(f"max_positives must be an integer from 1 to {MAX_POSITIVES}")
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or self.delta != 0:
             raise InvalidParameter("delta must be 0: the Laplace sparse vector is pure ε-DP (Lemma 8, δ = 0)")
         self.delta = 0.0

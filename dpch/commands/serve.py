@@ -24,6 +24,12 @@ def register(subparsers) -> None:
                    help="file holding the backend user's password (or $DPCH_BACKEND_PASSWORD)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a request body")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds for a connection to send a request's headers (docs/GATEWAY.md 'Request limits')")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle connection stays open")
+    p.add_argument("--max-connections-per-ip", type=int, default=64,
+                   help="open connections from one client address (more are answered 503 and closed)")
+    p.add_argument("--max-connections", type=int, default=1024, help="open connections in all")
     p.add_argument("--access-log", default=None, metavar="PATH",
                    help="JSON-lines access log (default DIR/access.log; '-' for stderr)")
     p.set_defaults(func=_run)
@@ -40,4 +46,8 @@ def _run(args) -> int:
     cfg = GatewayConfig(data_dir=data_dir, backend_url=args.backend, backend_user=args.backend_user,
                         backend_password=password, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, access_log=args.access_log)
-    return serve(cfg, host=args.host, port=args.port)
+    from ..gateway.limits import HttpLimits
+
+    lim = HttpLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                     max_connections_per_ip=args.max_connections_per_ip, max_connections=args.max_connections)
+    return serve(cfg, host=args.host, port=args.port, http_limits=lim)

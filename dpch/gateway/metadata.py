@@ -9,6 +9,11 @@ columns, simple ``WHERE`` (``= != < > IN LIKE ILIKE AND OR NOT``), ``ORDER BY`` 
 ``SHOW DATABASES``, ``SHOW TABLES [FROM db] [LIKE 'p']``, ``DESCRIBE [TABLE] t``,
 ``EXISTS [TABLE] t``, ``USE db`` (no effect over HTTP). Anything else that is not a DP query is
 refused with ACCESS_DENIED by the router.
+
+Bounded cost (issue 27): LIKE/ILIKE is a linear-scan wildcard match (no regular expression, no
+backtracking across ``%``), patterns have at most ``MAX_LIKE_PATTERN`` characters, a WHERE at most
+``MAX_METADATA_WHERE_NODES`` nodes, and an answer at most ``MAX_RESULT_COLUMNS`` columns and
+``MAX_RESULT_CELLS`` cells (dpch.gateway.limits); a larger request is refused before it is computed.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from sqlglot import exp
 
 from ..plan.options import MECHANISMS, MIXED_RULES, SELECTION_RULES, TOP_K_METHODS
 from .errors import ACCESS_DENIED, UNKNOWN_TABLE, GatewayError
+from .limits import (MAX_LIKE_PATTERN, MAX_LIKE_WORK, MAX_METADATA_WHERE_NODES, MAX_RESULT_CELLS,
+                     MAX_RESULT_COLUMNS)
 
 SERVER_VERSION = "26.9.1.1"  # the engine DPCH is tested with; clients use it for feature checks
 START_TIME = time.time()
@@ -47,6 +54,7 @@ class Context:
     user: str
     database: str
     catalog_entries: list  # TableEntry
+    like_work: int = 0  # character comparisons spent on LIKE by this query (capped: MAX_LIKE_WORK)
 
 
 def _settings_df() -> pd.DataFrame:
@@ -160,10 +168,17 @@ def is_constant_select(tree: exp.Expression) -> bool:
     return isinstance(tree, exp.Select) and tree.args.get("from_") is None and not tree.args.get("joins")
 
 
+def _too_many_columns(n: int) -> None:
+    if n > MAX_RESULT_COLUMNS:
+        raise GatewayError(ACCESS_DENIED, f"too many columns ({n}); the gateway answers at most {MAX_RESULT_COLUMNS} "
+                           "columns without a table or from its system tables")
+
+
 def answer_constant_select(tree: exp.Select, ctx: Context) -> pd.DataFrame:
     for key, value in tree.args.items():
         if key not in ("expressions", "kind", "hint", "distinct", "limit", "exclude", "operation_modifiers") and value:
             raise GatewayError(ACCESS_DENIED, "only constants and server information can be selected without a table")
+    _too_many_columns(len(tree.expressions))
     data = {}
     for item in tree.expressions:
         inner = item.this if isinstance(item, exp.Alias) else item
@@ -241,10 +256,92 @@ def _eval(node: exp.Expression, df: pd.DataFrame, ctx: Context):
         a, pat = _eval(node.this, df, ctx), _eval(node.expression, df, ctx)
         if not isinstance(a, pd.Series) or not isinstance(pat, str):
             _deny("this LIKE")
-        rx = "^" + "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pat) + "$"
-        flags = re.IGNORECASE if isinstance(node, exp.ILike) else 0
-        return a.astype(str).str.match(re.compile(rx, flags | re.DOTALL))
+        return like_series(a, pat, ignore_case=isinstance(node, exp.ILike), ctx=ctx)
     _deny(f"the expression {type(node).__name__}")
+
+
+# ------------------------------------------------------------------------------------------------
+# LIKE without regular expressions: O(len(value) · len(pattern)) per value, whatever the pattern
+# ------------------------------------------------------------------------------------------------
+
+def compile_like(pattern: str, ignore_case: bool = False) -> list[list[str | None]]:
+    """The pattern's segments between ``%`` wildcards; a segment is a list of characters, None
+    for ``_`` (any one character). ``\\x`` is the character x (ClickHouse's escapes ``\\%``,
+    ``\\_``, ``\\\\``). Consecutive ``%`` give empty segments, which match trivially."""
+    if len(pattern) > MAX_LIKE_PATTERN:
+        raise GatewayError(ACCESS_DENIED, f"LIKE pattern too long ({len(pattern)} characters; the limit is "
+                           f"{MAX_LIKE_PATTERN})")
+    if ignore_case:
+        pattern = pattern.lower()
+    segs: list[list[str | None]] = [[]]
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            segs[-1].append(pattern[i + 1])
+            i += 2
+            continue
+        if c == "%":
+            segs.append([])
+        else:
+            segs[-1].append(None if c == "_" else c)
+        i += 1
+    return segs
+
+
+def _seg_at(s: str, pos: int, seg: list[str | None]) -> bool:
+    return all(ch is None or s[pos + k] == ch for k, ch in enumerate(seg))
+
+
+def _seg_find(s: str, seg: list[str | None], start: int, end: int) -> int:
+    """The leftmost p in [start, end - len(seg)] where ``seg`` matches, or -1."""
+    if None not in seg:
+        return s.find("".join(seg), start, end)  # type: ignore[arg-type]
+    for p in range(start, end - len(seg) + 1):
+        if _seg_at(s, p, seg):
+            return p
+    return -1
+
+
+def like_match(s: str, segs: list[list[str | None]]) -> bool:
+    """Whether ``s`` matches the compiled pattern. The first segment is anchored at the start, the
+    last at the end; each middle segment is matched leftmost after the previous one. Leftmost is
+    always the best choice (a later start leaves less room for the rest), so no position is ever
+    revisited: one left-to-right scan."""
+    if len(segs) == 1:
+        return len(s) == len(segs[0]) and _seg_at(s, 0, segs[0])
+    first, last = segs[0], segs[-1]
+    end = len(s) - len(last)
+    if end < len(first) or not _seg_at(s, 0, first) or not _seg_at(s, end, last):
+        return False
+    pos = len(first)
+    for seg in segs[1:-1]:
+        if not seg:
+            continue
+        p = _seg_find(s, seg, pos, end)
+        if p < 0:
+            return False
+        pos = p + len(seg)
+    return True
+
+
+def like_series(values: pd.Series, pattern: str, ignore_case: bool = False, ctx: Context | None = None) -> pd.Series:
+    """LIKE (ILIKE) over a column; NULL never matches. The comparisons a query may spend on LIKE
+    are capped (``MAX_LIKE_WORK``, counted in ``ctx``): a value of n characters costs at most n·w,
+    w the sum over the non-empty segments of their length if they hold ``_`` (a search with
+    comparisons at each position), else 1 (``str.find``); checked before the column is scanned."""
+    segs = compile_like(pattern, ignore_case)
+    texts = [None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v) for v in values]
+    width = max(1, sum(len(seg) if None in seg else 1 for seg in segs if seg))
+    work = sum(len(t) + 1 for t in texts if t is not None) * width
+    spent = (ctx.like_work if ctx is not None else 0) + work
+    if spent > MAX_LIKE_WORK:
+        raise GatewayError(ACCESS_DENIED, "the LIKE patterns of this query are too costly on the gateway's system "
+                           "tables; use simpler or fewer patterns")
+    if ctx is not None:
+        ctx.like_work = spent
+    out = [t is not None and like_match(t.lower() if ignore_case else t, segs) for t in texts]
+    return pd.Series(out, index=values.index, dtype=bool)
 
 
 def answer_virtual_select(tree: exp.Select, name: str, ctx: Context) -> pd.DataFrame:
@@ -255,10 +352,16 @@ def answer_virtual_select(tree: exp.Select, name: str, ctx: Context) -> pd.DataF
             _deny(key.upper())
     if tree.args.get("distinct"):
         _deny("DISTINCT")
+    _too_many_columns(len(tree.expressions))
     df = virtual_table(name, ctx)
     where = tree.args.get("where")
     if where is not None:
-        mask = _eval(where.this, df, ctx)
+        if sum(1 for _ in where.walk()) > MAX_METADATA_WHERE_NODES:
+            _deny(f"a WHERE clause of more than {MAX_METADATA_WHERE_NODES} nodes")
+        try:
+            mask = _eval(where.this, df, ctx)
+        except RecursionError:
+            _deny("an expression nested this deeply")
         if not isinstance(mask, pd.Series):
             mask = pd.Series([bool(mask)] * len(df), index=df.index)
         df = df[mask.fillna(False).astype(bool)]
@@ -272,6 +375,16 @@ def answer_virtual_select(tree: exp.Select, name: str, ctx: Context) -> pd.DataF
             by.append(col.name)
             asc.append(not o.args.get("desc"))
         df = df.sort_values(by, ascending=asc, kind="stable")
+    offset = tree.args.get("offset")
+    limit = tree.args.get("limit")
+    start = int(offset.expression.this) if offset is not None and isinstance(offset.expression, exp.Literal) else 0
+    if limit is not None:
+        lim = limit.expression
+        if not isinstance(lim, exp.Literal):
+            _deny("a non-constant LIMIT")
+        df = df.iloc[start:start + int(lim.this)]
+    elif start:
+        df = df.iloc[start:]
     out = {}
     for item in tree.expressions:
         inner = item.this if isinstance(item, exp.Alias) else item
@@ -283,18 +396,10 @@ def answer_virtual_select(tree: exp.Select, name: str, ctx: Context) -> pd.DataF
             out[item.alias if isinstance(item, exp.Alias) else inner.name] = df[inner.name]
             continue
         _deny("a SELECT item other than a column or *")
-    res = pd.DataFrame(out).reset_index(drop=True)
-    offset = tree.args.get("offset")
-    limit = tree.args.get("limit")
-    start = int(offset.expression.this) if offset is not None and isinstance(offset.expression, exp.Literal) else 0
-    if limit is not None:
-        lim = limit.expression
-        if not isinstance(lim, exp.Literal):
-            _deny("a non-constant LIMIT")
-        res = res.iloc[start:start + int(lim.this)]
-    elif start:
-        res = res.iloc[start:]
-    return res.reset_index(drop=True)
+    _too_many_columns(len(out))
+    if len(out) * len(df) > MAX_RESULT_CELLS:
+        _deny(f"an answer of more than {MAX_RESULT_CELLS} cells (add LIMIT)")
+    return pd.DataFrame(out).reset_index(drop=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,5 +464,4 @@ def answer_statement(sql: str, ctx: Context) -> pd.DataFrame | None:
 def _like(df: pd.DataFrame, col: str, pattern: str | None) -> pd.DataFrame:
     if pattern is None:
         return df.reset_index(drop=True)
-    rx = "^" + "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern) + "$"
-    return df[df[col].astype(str).str.match(rx)].reset_index(drop=True)
+    return df[like_series(df[col], pattern)].reset_index(drop=True)

@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from ..users import UserStore
 from . import formats
+from . import limits
 from .accesslog import AccessLog
 from .auth import auth_failed, credentials
 from .errors import (BAD_ARGUMENTS, CANNOT_PARSE_INPUT, TIMEOUT, TOO_LARGE_REQUEST, TOO_MANY_SIMULTANEOUS_QUERIES,
@@ -215,7 +216,9 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         sql_hash = None
         try:
             params = _params(request)
-            query_id = (params.get("query_id") or request.headers.get("x-clickhouse-query-id") or str(uuid.uuid4()))[:128]
+            limits.check_params(params)  # before anything runs: nothing unsafe is echoed or logged
+            limits.check_headers(request.headers)
+            query_id = params.get("query_id") or request.headers.get("x-clickhouse-query-id") or str(uuid.uuid4())
             if request.method not in ("GET", "POST"):
                 raise GatewayError(UNSUPPORTED_METHOD, f"HTTP method {request.method} is not supported")
             body = await _read_body(request, cfg) if request.method == "POST" else b""
@@ -227,6 +230,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             q = params.get("query", "")
             sql = q + ("\n" if q and body_text else "") + body_text
             sql_hash = hashlib.sha256(sql.encode("utf-8")).hexdigest()[:16]
+            limits.check_query_text(sql)
             dp_settings = {k.lower(): v for k, v in params.items() if k.lower() in DP_SETTING_NAMES}
             out_settings = formats.output_settings(params)
             database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
@@ -273,6 +277,8 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             user = None
             try:
                 params = _params(request)
+                limits.check_params(params)
+                limits.check_headers(request.headers)
                 user = await authenticate(request, params)
                 body = await _read_body(request, cfg)
                 try:
@@ -340,15 +346,22 @@ def _remote(request: Request) -> str | None:
     return f"{c.host}:{c.port}" if c else None
 
 
-def serve(cfg: GatewayConfig, host: str = "127.0.0.1", port: int = 8123) -> int:
+def serve(cfg: GatewayConfig, host: str = "127.0.0.1", port: int = 8123,
+          http_limits: limits.HttpLimits | None = None) -> int:
+    """Run the gateway in the foreground. Transport limits (docs/GATEWAY.md "Request limits"):
+    header and keep-alive timeouts, connections per client address and in all, header size."""
     import uvicorn
 
+    from .transport import guarded_protocol
+
+    lim = http_limits or limits.HttpLimits()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = build_app(cfg)
-    config = uvicorn.Config(app, host=host, port=port, loop="asyncio", http="h11", lifespan="on",
-                            access_log=False, log_level="warning", limit_concurrency=512, backlog=512,
-                            timeout_keep_alive=15, timeout_graceful_shutdown=15,
-                            h11_max_incomplete_event_size=64 * 1024, server_header=False)
+    config = uvicorn.Config(app, host=host, port=port, loop="asyncio", http=guarded_protocol(lim), lifespan="on",
+                            access_log=False, log_level="warning", limit_concurrency=lim.max_connections,
+                            backlog=lim.backlog, timeout_keep_alive=lim.keep_alive_timeout,
+                            timeout_graceful_shutdown=15, h11_max_incomplete_event_size=lim.max_header_bytes,
+                            server_header=False)
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

@@ -14,6 +14,11 @@ of the first one not run). A query the controller refuses (QueryRejected / Inval
 ``null`` and its message in ``errors``; it ran nothing and consumed nothing (its refusal depends on
 the query and the catalog only). Any other failure ends the session (its charge stays at ε) and
 the request fails without data in its message.
+
+Caps (issue 27; docs/GATEWAY.md "Request limits"), checked before anything runs or is charged:
+at most ``MAX_QUERIES`` queries, ``1 <= max_positives <= MAX_QUERIES`` (more ⊤ answers than
+queries cannot happen, and the ledger keeps one cell per possible count), each query within the
+gateway's query caps (dpch.gateway.limits.check_query_text), ``dataset`` at most 256 characters.
 """
 from __future__ import annotations
 
@@ -22,9 +27,13 @@ from typing import Any
 
 from ..errors import InvalidParameter, QueryRejected
 from .errors import BAD_ARGUMENTS, GatewayError
+from .limits import check_query_text
 
-#: The most queries one request may carry.
-MAX_QUERIES = 10_000
+#: The most queries one request may carry (each is a full DP query: tens of ms on the engine).
+MAX_QUERIES = 100
+#: The most ⊤ answers a session may allow.
+MAX_POSITIVES = MAX_QUERIES
+MAX_NAME_CHARS = 256
 
 
 def _number(body: dict, name: str, *, required: bool = True) -> float | None:
@@ -44,16 +53,18 @@ def parse_request(body: Any) -> dict:
     if unknown:
         raise GatewayError(BAD_ARGUMENTS, f"unknown field(s) {', '.join(unknown)}")
     dataset = body.get("dataset")
-    if not isinstance(dataset, str) or not dataset:
-        raise GatewayError(BAD_ARGUMENTS, "dataset must be a table name (db.table)")
+    if not isinstance(dataset, str) or not dataset or len(dataset) > MAX_NAME_CHARS:
+        raise GatewayError(BAD_ARGUMENTS, f"dataset must be a table name (db.table, at most {MAX_NAME_CHARS} characters)")
     c = body.get("max_positives", 1)
-    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-        raise GatewayError(BAD_ARGUMENTS, "max_positives must be an integer >= 1")
+    if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_POSITIVES:
+        raise GatewayError(BAD_ARGUMENTS, f"max_positives must be an integer from 1 to {MAX_POSITIVES}")
     queries = body.get("queries")
     if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
         raise GatewayError(BAD_ARGUMENTS, "queries must be a non-empty list of SQL strings")
     if len(queries) > MAX_QUERIES:
-        raise GatewayError(BAD_ARGUMENTS, f"at most {MAX_QUERIES} queries per request")
+        raise GatewayError(BAD_ARGUMENTS, f"at most {MAX_QUERIES} queries per request (this one has {len(queries)})")
+    for i, q in enumerate(queries):
+        check_query_text(q, what=f"query {i}")
     return {"dataset": dataset, "threshold": _number(body, "threshold"), "epsilon": _number(body, "epsilon"),
             "max_positives": c, "queries": queries, "split": _number(body, "split", required=False)}
 

@@ -42,6 +42,7 @@ from .calibration import BUCKETS, NoisyTest, iqr_cells, log_bin_width, log_bins,
 STATISTICS = ("median", "iqr", "trimmed_mean")
 KIND = "threshold"  # an (ε, δ) mechanism for the accountants (dp_params reads epsilon, delta)
 MAX_LEVEL_DENOMINATOR = 10 ** 6
+MIN_BASE = 1.01  # M_IQR's bins number about ln(65536)/ln(base): ~1 100 here, unbounded as base → 1
 PROPOSAL_FACTOR = 8.0  # proposal_from_scale
 
 
@@ -119,8 +120,8 @@ class PtrRun:
         if self.where is not None and (not isinstance(self.where, str) or not self.where.strip()):
             raise InvalidParameter("where must be a SQL condition (a non-empty string) or None")
         self.base = _number(self.base, "base")
-        if not 1.0 < self.base <= 16.0:
-            raise InvalidParameter("base (the ratio of M_IQR's log bins) must lie in (1, 16]")
+        if not MIN_BASE <= self.base <= 16.0:
+            raise InvalidParameter(f"base (the ratio of M_IQR's log bins) must lie in [{MIN_BASE:g}, 16]")
         self.split = _number(self.split, "split")
         if not 0.0 < self.split < 1.0:
             raise InvalidParameter("split (the fraction of ε for the scale stage) must lie in (0, 1)")
