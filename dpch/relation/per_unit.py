@@ -100,9 +100,10 @@ class _PerUnitSubqueries:
                          derived_unit_columns=frozenset(unit_outputs | {UNIT_COLUMN}))
 
     def holds_unit(self, ac: tuple[str, str] | None) -> bool:
-        """Is alias.column the unit value itself (e.g. c_custkey, o_custkey)?"""
+        """Is alias.column the unit value itself (e.g. c_custkey, o_custkey) on every row? Not on
+        the right of a LEFT JOIN: there a miss is NULL (the unit is the agreed __dp_unit)."""
         inst = next((i for i in self.instances if ac is not None and i.alias == ac[0]), None)
-        return inst is not None and inst.protected and ac[1] in inst.unit_columns()
+        return inst is not None and inst.protected and inst.side in ("from", "inner") and ac[1] in inst.unit_columns()
 
     def determines_unit(self, ac: tuple[str, str] | None) -> bool:
         """Does alias.column determine its row's unit: the unit value, the reference that carries

@@ -12,6 +12,8 @@ from sqlglot import exp
 from ..catalog import MAX_PUBLIC_KEYS, TableEntry, quote_ident
 from ..errors import CatalogError, QueryRejected
 from ..units import unit_path
+from .chains import Chain, unit_chain
+from .keys import check_key_types
 from .model import UNIT_COLUMN, DerivedEntry, JoinedEntry, _finish, _Instance, _marked, _marker
 from .per_unit import _PerUnitSubqueries
 from .semijoins import _SemiJoins
@@ -144,6 +146,9 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
             if not pairs:
                 raise _reject(f"JOIN {new.alias} ON needs at least one equality of a column of {new.alias} with a "
                               "column of an earlier table; cross joins are not supported")
+        for (o, oc), (i, ic) in pairs:
+            check_key_types(f"JOIN {new.alias} ON", (f"{o.alias}.{oc}", o.entry.columns.get(oc)),
+                            (f"{i.alias}.{ic}", i.entry.columns.get(ic)))
         earlier_protected = [i for i in self.instances[:n] if i.protected]
         if new.protected and earlier_protected:
             if not any(self._unit_edge(old, new, oc, nc) for (old, oc), (_, nc) in pairs):
@@ -272,8 +277,9 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
             raise _reject(f"the protected tables belong to different privacy units ({', '.join(sorted(roots))}); "
                           "a query can combine only tables whose references lead to the same unit")
         join_pairs = [self._check_join(n, src) for n, src in enumerate(self.spec.sources) if n > 0]
-        unit_inst = self._unit_source()
+        unit_inst = self.unit_inst = self._unit_source()
         self.unit_path = unit_inst.path
+        self.chains = self._chains(unit_inst)
         self._total_filters()
 
         outer = tree.copy()
@@ -353,6 +359,39 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
             names[(a, c)] = name
         return names
 
+    def _chains(self, unit_inst: _Instance) -> dict[str, Chain]:
+        """Every protected instance's own chain to its unit (dpch.relation.chains); the unit
+        source's hops keep the aliases ``__dp_h<h>``, another instance's are ``__dp_h<n>_<h>``."""
+        out = {}
+        for n, inst in enumerate(self.instances):
+            if inst.protected and inst.path is not None:
+                prefix = "__dp_h" if inst is unit_inst else f"__dp_h{n}_"
+                out[inst.alias] = unit_chain(inst.path, quote_ident(inst.alias), prefix, inst.entry)
+        return out
+
+    def _agreement(self, join_pairs) -> list[str]:
+        """The unit-agreement rule (DESIGN.md invariant 9): a joined tuple is kept only if every
+        protected instance present in it carries the agreed unit (the unit source's), which is not
+        NULL. An INNER instance must agree; a LEFT instance is absent (its key is NULL: the relation
+        runs with join_use_nulls = 1) or agrees. A wrong join, a duplicated key or a LEFT JOIN miss
+        can then only drop tuples, never give one unit's rows to another."""
+        agreed = self.chains[self.unit_inst.alias]
+        conds = list(agreed.matched)
+        others = [i for i in self.instances if i.alias in self.chains and i is not self.unit_inst]
+        if not others:
+            return conds
+        conds.append(f"isNotNull({agreed.unit})")
+        pairs = dict(zip((i.alias for i in self.instances[1:]), join_pairs))
+        for inst in others:
+            chain = self.chains[inst.alias]
+            agree = " AND ".join(chain.matched + (f"{chain.unit} = {agreed.unit}",))
+            if inst.side == "left":
+                (_, key) = pairs[inst.alias][0][1]
+                conds.append(f"(isNull({quote_ident(inst.alias)}.{quote_ident(key)}) OR ifNull({agree}, 0))")
+            else:
+                conds.append(f"ifNull({agree}, 0)")
+        return conds
+
     def _relation_sql(self, join_pairs, unit_inst: _Instance, semis: list[str]) -> tuple[str, dict]:
         names = self.names
         by_alias = {i.alias: i for i in self.instances}
@@ -368,26 +407,23 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
             if inst.filters:
                 table = f"(SELECT * FROM {table} WHERE {' AND '.join(f.sql('clickhouse') for f in inst.filters)})"
             lines.append(f"{kind} {table} AS {quote_ident(inst.alias)} ON {on}")
-        path = unit_inst.path
-        unit_sql = None
-        matched: list[str] = []
-        if path is not None:
-            prev = quote_ident(unit_inst.alias)
-            for h, hop in enumerate(path.hops):
-                # LEFT ANY: at most one referenced row per row (a chain never multiplies rows, even
-                # if a key stopped being unique); the marker drops rows whose reference dangles
-                # (ClickHouse's INNER ANY would also keep only one row per key on the left).
-                alias = f"__dp_h{h}"
-                key, unit = quote_ident(hop.key), quote_ident(path.column if h == len(path.hops) - 1 else
-                                                               path.hops[h + 1].column)
-                lines.append(f"LEFT ANY JOIN (SELECT {key}, {unit}, toUInt8(1) AS __dp_m FROM {hop.table.table_sql}) "
-                             f"AS {alias} ON {prev}.{quote_ident(hop.column)} = {alias}.{key}")
-                matched.append(f"{alias}.__dp_m = 1")
-                prev = alias
-            unit_sql = f"{prev}.{quote_ident(path.column)}"
+        for chain in self.chains.values():
+            lines.extend(chain.joins)
+        left = any(i.side == "left" for i in self.instances)
+        if unit_inst.alias in self.chains:
+            unit_sql = self.chains[unit_inst.alias].unit
+            root = unit_inst.path.root
+            if left and unit_inst.path.hops and not root.columns.get(unit_inst.path.column, "").startswith("Nullable"):
+                # join_use_nulls makes the chain's column Nullable; the matched rows kept are not NULL
+                unit_sql = f"assumeNotNull({unit_sql})"
             cols.append(f"{unit_sql} AS {UNIT_COLUMN}")
-        if semis or matched:
-            lines.append("WHERE " + " AND ".join(matched + semis))
+        where = (self._agreement(join_pairs) if unit_inst.alias in self.chains else []) + semis
+        if where:
+            lines.append("WHERE " + " AND ".join(where))
+        if left:
+            # a LEFT JOIN miss is NULL, not the type's default (0, ''), on every path: in later
+            # joins, semi-joins, per-unit keys and the unit-agreement rule
+            lines.append("SETTINGS join_use_nulls = 1")
         return f"SELECT {', '.join(cols)}\n" + "\n".join(lines), sources
 
     def _describe(self, relation: str) -> dict[str, str]:

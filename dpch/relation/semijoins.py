@@ -12,6 +12,8 @@ from sqlglot import exp
 from ..catalog import TableEntry, quote_ident
 from ..errors import CatalogError
 from ..units import unit_path
+from .chains import unit_chain
+from .keys import check_key_types
 from .model import _Instance
 from .syntax import SemiJoin, _conjuncts, _reject, unsupported_clause
 
@@ -84,9 +86,15 @@ class _SemiJoins:
             if not c.table and not any(c.name in e.columns for e in inside.values()) \
                     and c.name not in {x.alias for x in sub.expressions if isinstance(x, exp.Alias)}:
                 raise _reject(f"column {c.name!r} in IN (SELECT ...) is not a column of its tables")
+        sub_sql = sub.sql('clickhouse')
+        if len(sub.expressions) != 1:
+            raise _reject("a subquery in x IN (SELECT ...) must select one column")
+        types = self._describe(sub_sql)
+        check_key_types(f"{column.sql()} IN (SELECT ...)", (column.sql(), inst.entry.columns.get(col)),
+                        ("the subquery's column", next(iter(types.values()), None)))
         self._derived(inst.alias, col)
         op = "NOT IN" if negated else "IN"
-        return f"{quote_ident(inst.alias)}.{quote_ident(col)} {op} ({sub.sql('clickhouse')})"
+        return f"{quote_ident(inst.alias)}.{quote_ident(col)} {op} ({sub_sql})"
 
     def _protected_semijoin(self, column: exp.Column, sub: exp.Select, inside: Mapping[str, TableEntry],
                             negated: bool) -> str:
@@ -143,18 +151,50 @@ class _SemiJoins:
         roots = [("IN (SELECT ...) WHERE", own(where.this))] if where is not None else []
         having, agg_roots = _having(sub.args.get("having"), own)
         total = self._total(entry, roots + agg_roots)
+        inst_type = inst.entry.columns.get(col)
+        check_key_types(f"{column.sql()} IN (SELECT {inner} FROM {entry.table} ...)",
+                        (column.sql(), inst_type), (f"{entry.table}.{inner}", entry.columns.get(inner)))
         cond = [f"isNotNull({quote_ident(inner)})"]  # a NULL in the set must not change NOT IN for anyone
         if where is not None:
             cond.append(f"({total[0].sql('clickhouse')})")
-        sql = f"SELECT {quote_ident(inner)} FROM {entry.table_sql} WHERE {' AND '.join(cond)}"
-        if group is not None:
-            sql += f" GROUP BY {quote_ident(inner)}"
         if having is not None:
             _put_total_arguments(having, iter(total[len(roots):]))
-            sql += f" HAVING {having.sql('clickhouse')}"
         self._derived(inst.alias, col)
-        op = "NOT IN" if negated else "IN"
-        return f"{quote_ident(inst.alias)}.{quote_ident(col)} {op} ({sql})"
+        outer = f"{quote_ident(inst.alias)}.{quote_ident(col)}"
+        k = quote_ident(inner)
+
+        def keys(*select: str) -> str:
+            sql = f"SELECT {', '.join(select)} FROM {entry.table_sql} WHERE {' AND '.join(cond)}"
+            if group is not None:
+                sql += f" GROUP BY {', '.join(select)}"
+            return sql + (f" HAVING {having.sql('clickhouse')}" if having is not None else "")
+
+        if not path.hops and inner == path.column and col in inst.unit_columns():
+            # both sides hold the unit: a key in the set is its own unit (no pairing needed)
+            pair, sql = outer, keys(k)
+        else:
+            # (key, unit) pairs: a row is filtered by its own unit's rows only, whatever the keys
+            # (DESIGN.md invariant 9)
+            pair = f"({outer}, {self.chains[self.unit_inst.alias].unit})"
+            if not path.hops:
+                sql = keys(k, quote_ident(path.column))
+            elif path.hops[0].column == inner:
+                # the unit of a row is a function of its first reference column
+                # (dpch.relation.chains): build the set of keys, then run the chain on the keys
+                chain = unit_chain(path, "__dp_s", "__dp_sh", entry)
+                body = keys(k) if group is not None else keys(k).replace("SELECT ", "SELECT DISTINCT ", 1)
+                sql = (f"SELECT __dp_s.{k}, {chain.unit} FROM ({body}) AS __dp_s " + " ".join(chain.joins)
+                       + " WHERE " + " AND ".join(chain.matched))
+            else:
+                raise _reject(f"IN (SELECT {inner} FROM {entry.table} ...): over a table whose unit is reached through "
+                              f"references, the selected column must be the reference that carries the unit "
+                              f"({path.hops[0].column})")
+        if inst.side != "left" and pair == outer:
+            return f"{outer} {'NOT IN' if negated else 'IN'} ({sql})"
+        # a NULL key (a LEFT JOIN miss) is in no set, explicitly (NULL NOT IN … is NULL in SQL)
+        if negated:
+            return f"(isNull({outer}) OR {pair} NOT IN ({sql}))"
+        return f"(isNotNull({outer}) AND {pair} IN ({sql}))"
 
 
 _HAVING_NODES = (exp.And, exp.Or, exp.Not, exp.Paren, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,

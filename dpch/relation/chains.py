@@ -1,0 +1,46 @@
+"""The unit of one table instance's rows, reached through its own chain of references.
+
+Every protected instance of a joined relation gets its own chain (DESIGN.md invariant 9): the
+``LEFT ANY JOIN``s from the instance's reference column to the table that holds the unit, each
+with a match marker. ``LEFT ANY``: at most one referenced row per row, so a chain never multiplies
+rows even if a key stopped being unique; the marker drops rows whose reference dangles (an orphan
+never takes a unit). The unit of a row is then a function of its reference column alone (each hop
+keeps one row per key), which lets a semi-join attach the unit after grouping by that column.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog import quote_ident
+from ..units import UnitPath
+from .keys import check_key_types
+
+
+@dataclass(frozen=True)
+class Chain:
+    """``unit``: SQL of the unit of the instance's rows; ``joins``: the chain's JOIN lines;
+    ``matched``: conditions that hold iff every hop found its row."""
+
+    unit: str
+    joins: tuple[str, ...]
+    matched: tuple[str, ...]
+
+
+def unit_chain(path: UnitPath, start: str, prefix: str, entry) -> Chain:
+    """The chain from ``start`` (a quoted alias whose table is ``entry``) along ``path``; hop h is
+    aliased ``{prefix}{h}``. Key types along the chain must compare totally (dpch.relation.keys):
+    refused before the charge otherwise."""
+    prev, prev_entry = start, entry
+    joins, matched = [], []
+    for h, hop in enumerate(path.hops):
+        check_key_types(f"the reference {prev_entry.table}.{hop.column} → {hop.table.table}.{hop.key}",
+                        (f"{prev_entry.table}.{hop.column}", prev_entry.columns.get(hop.column)),
+                        (f"{hop.table.table}.{hop.key}", hop.table.columns.get(hop.key)))
+        alias = f"{prefix}{h}"
+        key = quote_ident(hop.key)
+        unit = quote_ident(path.column if h == len(path.hops) - 1 else path.hops[h + 1].column)
+        joins.append(f"LEFT ANY JOIN (SELECT {key}, {unit}, toUInt8(1) AS __dp_m FROM {hop.table.table_sql}) "
+                     f"AS {alias} ON {prev}.{quote_ident(hop.column)} = {alias}.{key}")
+        matched.append(f"{alias}.__dp_m = 1")
+        prev, prev_entry = alias, hop.table
+    return Chain(f"{prev}.{quote_ident(path.column)}", tuple(joins), tuple(matched))
