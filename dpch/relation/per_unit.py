@@ -10,7 +10,7 @@ from sqlglot import exp
 from ..catalog import quote_ident
 from ..units import UnitPath
 from .model import UNIT_COLUMN, DerivedEntry, _finish, _Instance
-from .semijoins import _HAVING_AGGS, _aggregate_argument, _having, _no_argument, _put_total_arguments
+from .semijoins import _HAVING_AGGS, _aggregate_argument, _float_decimal_extremes, _having, _no_argument, _put_total_arguments
 from .syntax import Source, _reject, split_from, unsupported_clause
 
 
@@ -80,6 +80,7 @@ class _PerUnitSubqueries:
             cols.append(f"{node.sql('clickhouse')} AS {quote_ident(name)}")
         if having is not None:
             _put_total_arguments(having, total)
+            _float_decimal_extremes(having, lambda sqls: self._types(rel, sqls))
         group_sql = ", ".join([quote_ident(k.name) for k in keys] + [UNIT_COLUMN])
         sql = (f"SELECT {', '.join(cols)}, {UNIT_COLUMN}\nFROM {rel.table_sql}{where_sql}\nGROUP BY {group_sql}"
                + (f"\nHAVING {having.sql('clickhouse')}" if having is not None else ""))

@@ -13,7 +13,7 @@ from ..catalog import TableEntry, quote_ident
 from ..errors import CatalogError
 from ..units import unit_path
 from .chains import unit_chain
-from .keys import check_key_types
+from .keys import base_type, check_key_types
 from .model import _Instance
 from .syntax import SemiJoin, _conjuncts, _reject, unsupported_clause
 
@@ -41,6 +41,11 @@ class _SemiJoins:
         if all(e.public for e in inside.values()):
             return self._public_semijoin(column, sub, inside, s.negated)
         return self._protected_semijoin(column, sub, inside, s.negated)
+
+    def _types(self, entry: TableEntry, sqls: list[str]) -> list[str]:
+        from ..typecheck import expression_types  # local: typecheck imports bind, which imports parse
+
+        return expression_types(self.backend, entry, sqls)
 
     def _is_inner(self, col: exp.Column, inside: Mapping[str, TableEntry]) -> bool:
         if col.table:
@@ -159,6 +164,7 @@ class _SemiJoins:
             cond.append(f"({total[0].sql('clickhouse')})")
         if having is not None:
             _put_total_arguments(having, iter(total[len(roots):]))
+            _float_decimal_extremes(having, lambda sqls: self._types(entry, sqls))
         self._derived(inst.alias, col)
         outer = f"{quote_ident(inst.alias)}.{quote_ident(col)}"
         k = quote_ident(inner)
@@ -238,6 +244,20 @@ def _aggregate_argument(agg: exp.Expression) -> exp.Expression:
     if isinstance(agg, (exp.Sum, exp.Avg)):
         return exp.Anonymous(this="toFloat64", expressions=[agg.this.copy()])
     return agg.this
+
+
+def _float_decimal_extremes(having: exp.Expression, types) -> None:
+    """In HAVING, MIN/MAX of a Decimal runs in Float64: ``MIN(price) / (COUNT(*) - 6)`` would
+    throw ILLEGAL_DIVISION (Decimal division by zero) for exactly the groups where the divisor is
+    0, an error that depends on one unit's rows. ``types(sqls)`` gives the engine's types of the
+    (total) arguments; Decimal → Float64 never throws. The subquery's output columns keep their
+    types: only the HAVING condition changes."""
+    extremes = [a for a in having.find_all(exp.Min, exp.Max) if not _no_argument(a)]
+    if not extremes:
+        return
+    for agg, typ in zip(extremes, types([a.this.sql("clickhouse") for a in extremes])):
+        if base_type(typ).startswith("Decimal"):
+            agg.set("this", exp.Anonymous(this="toFloat64", expressions=[agg.this]))
 
 
 def _put_total_arguments(node: exp.Expression, total) -> None:
