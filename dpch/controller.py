@@ -35,9 +35,10 @@ from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
 from .relation import RELATION_PLACEHOLDER, needs_unit_chain, resolve, split_from
-from .rewrite import Rewritten, rewrite, rewrite_probe
+from .probe_db import check_before_charge
+from .rewrite import Rewritten, rewrite
 from .totality import make_total, make_total_templates
-from .typecheck import check_runs, expression_types
+from .typecheck import expression_types
 
 
 @dataclass
@@ -167,13 +168,9 @@ def charge_first(conn, dataset: str, cost, text: str):
 def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):
     """type-check → charge → execute → mark; returns (run's result, receipt). ``rendering`` =
     (format, settings) when the result is rendered by the engine (the probe is rendered alike)."""
-    probe = rewrite_probe(prepared.plan)
-    if rendering is None:
-        probe_sql, fmt = probe.sql, None
-    else:
-        probe_sql, fmt = probe.formatted_sql(rendering[1]), rendering[0]
-    # on one row of default values, before the charge: a query that cannot run is rejected free
-    check_runs(conn.backend, prepared.plan.entry, prepared.plan.bound, probe_sql, fmt)
+    # on probe data (one row of defaults per table, the real joins), before the charge: a query
+    # that cannot run is rejected free (dpch.probe_db)
+    check_before_charge(conn, prepared.plan, rendering)
     ledger, receipt = charge_first(conn, prepared.dataset, prepared.plan.cost, sql)
     try:
         result = run()

@@ -46,7 +46,11 @@ explain shows) has ``<secret salt>`` instead.
 """
 from __future__ import annotations
 
+from typing import Callable
+
+from ..catalog import TableEntry
 from ..plan import Plan
+from ..relation.syntax import RELATION_PLACEHOLDER
 from ..typecheck import default_row_sql
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
 from .rewriter import _Rewriter
@@ -67,8 +71,20 @@ def rewrite_for_sensitivity_check(plan: Plan, *, table: str | None = None) -> Re
     return _Rewriter(plan, noise=False, selection=False, table=table).build()
 
 
-def rewrite_probe(plan: Plan) -> Rewritten:
-    """The same query over ONE row of default values instead of the table (dpch.typecheck runs it
-    before the charge; it reads no private row). Noise off: the UDF calls are typed by
-    construction, and the probe's output is discarded."""
-    return _Rewriter(plan, noise=False, selection=True, table=default_row_sql(plan.entry)).build()
+def rewrite_probe(plan: Plan, probe_of: Callable[[str], str] | None = None) -> Rewritten:
+    """The same query on probe data (dpch.typecheck runs it before the charge; it reads no private
+    row). Noise off: the UDF calls are typed by construction, and the probe's output is discarded.
+
+    Without ``probe_of``, or for one plain catalogued table, the table is ONE row of default values
+    of its columns. With ``probe_of`` (dpch.probe_db.probe_tables), a joined relation is the REAL
+    relation SQL with every table node swapped for its one-row probe table (dpch.probe_db), so its
+    joins, semi-joins, reference-chain joins and key conversions are analysed and run, UNION ALL
+    the relation's own row of defaults (NULLs included), so at least one row reaches every stage."""
+    entry = plan.entry
+    if probe_of is None or type(entry) is TableEntry:
+        return _Rewriter(plan, noise=False, selection=True, table=default_row_sql(entry)).build()
+    from ..probe_db import swap_tables  # dpch.probe_db imports this package
+
+    table = (f"(SELECT * FROM {swap_tables(entry.table_sql, probe_of)}\nUNION ALL\n"
+             f"SELECT * FROM {default_row_sql(entry)}) AS {RELATION_PLACEHOLDER}")
+    return _Rewriter(plan, noise=False, selection=True, table=table).build()

@@ -1,0 +1,164 @@
+"""The probe database: one row of default values per catalogued table, so the pre-charge type
+check runs the REAL relation (its joins, semi-joins, reference-chain joins and their key
+conversions) without reading a private row (DESIGN.md invariants 2 and 7; issue 26, item 3).
+
+For every catalogued table T that a joined relation reads (protected or public), ``dpch_probe``
+holds a table with T's registered columns at T's registered types and ONE row: each column's
+type default, Nullable columns at the default of the inner type (so equal keys match and rows
+flow through the joins; the relation's own default row, NULLs included, is added by the probe).
+Its name carries a digest of T's name and columns, so a table whose registered columns or types
+change gets a new probe table (and the passed-check cache, keyed by the probe's text, a new key).
+Tables are created lazily, once per backend, with ``CREATE TABLE IF NOT EXISTS ... AS SELECT``
+(``Log`` engine: the row survives a server restart; Memory would come back empty).
+
+Privacy: the probe tables hold only type defaults, never a value from a row. The probe query is
+the rewritten query with every catalogued table replaced by its probe table on the SQL tree
+(sqlglot; never by text), so whether it fails depends on the query and the schemas only: the
+same on D and D′. A table that is not catalogued (or not a plain ``db.table``) is refused, so no
+probe ever reads a real table before the charge.
+
+A server deployment needs ``CREATE DATABASE, CREATE TABLE, INSERT, SELECT ON dpch_probe.*`` for
+the engine user (clickhouse_config/users.d/dpch_gateway.xml grants it); without it a query over
+joined tables is refused, nothing charged.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Callable
+
+from sqlglot import exp, parse_one
+
+from .catalog import TableEntry, _backend_lock, quote_ident, quote_string
+from .errors import CatalogError, QueryRejected
+from .execute import sanitize_error
+
+PROBE_DATABASE = "dpch_probe"
+_ENGINE = "Log"
+
+
+def probe_table_name(entry: TableEntry) -> str:
+    """The probe table of ``entry`` in ``dpch_probe``: readable prefix + digest of the table's name
+    and (column, type) list. Different schemas never share a name."""
+    digest = hashlib.sha256(json.dumps([entry.table, list(entry.columns.items())]).encode()).hexdigest()[:16]
+    return f"{entry.database}__{entry.name}"[:120] + f"__{digest}"
+
+
+def _non_null(ch_type: str) -> str:
+    """The type whose default fills a column of ``ch_type``: Nullable(X) → X (also inside
+    LowCardinality), so a probe key is a value that equal keys of other tables match."""
+    t = ch_type.strip()
+    if t.startswith("Nullable(") and t.endswith(")"):
+        return t[len("Nullable("):-1]
+    if t.startswith("LowCardinality(Nullable(") and t.endswith("))"):
+        return f"LowCardinality({t[len('LowCardinality(Nullable('):-2]})"
+    return t
+
+
+def _create_sql(entry: TableEntry, name: str) -> str:
+    cols = ", ".join(f"{quote_ident(c)} {t}" for c, t in entry.columns.items())
+    vals = ", ".join(f"CAST(defaultValueOfTypeName({quote_string(_non_null(t))}), {quote_string(t)}) AS {quote_ident(c)}"
+                     for c, t in entry.columns.items())
+    return (f"CREATE TABLE IF NOT EXISTS {PROBE_DATABASE}.{quote_ident(name)} ({cols}) ENGINE = {_ENGINE} "
+            f"AS SELECT {vals}"), f"INSERT INTO {PROBE_DATABASE}.{quote_ident(name)} SELECT {vals}"
+
+
+def _ready(backend) -> set:
+    ready = getattr(backend, "_dpch_probe_tables", None)
+    if ready is None:
+        ready = set()
+        try:
+            backend._dpch_probe_tables = ready
+        except AttributeError:  # pragma: no cover - backends are plain objects
+            pass
+    return ready
+
+
+def forget(backend) -> None:
+    """Forget which probe tables exist (they are checked and made again on next use)."""
+    _ready(backend).clear()
+
+
+def ensure_probe_table(backend, entry: TableEntry) -> str:
+    """The name of ``entry``'s table in ``dpch_probe``, created with its one row if missing.
+    Raises QueryRejected (names the table only) if the engine refuses."""
+    name = probe_table_name(entry)
+    qualified = f"{PROBE_DATABASE}.{quote_ident(name)}"
+    ready = _ready(backend)
+    if name in ready:
+        return name
+    with _backend_lock(backend):
+        if name in ready:
+            return name
+        create, insert = _create_sql(entry, name)
+        try:
+            backend.command(f"CREATE DATABASE IF NOT EXISTS {PROBE_DATABASE}")
+            backend.command(create)
+            # a table left empty (a crash between CREATE and its insert) gets its row now; two
+            # racing processes may both add one: harmless, the probe's output is discarded
+            df = backend.query_df(f"SELECT count() AS n FROM {qualified}")
+            if int(df["n"].iloc[0]) == 0:
+                backend.command(insert)
+        except Exception as exc:
+            raise QueryRejected(f"the type check could not prepare its probe table for {entry.table} "
+                                f"({sanitize_error(str(exc))}); the engine user needs CREATE TABLE, INSERT and "
+                                f"SELECT on {PROBE_DATABASE}.*. Nothing ran on the data and nothing was charged") from None
+        ready.add(name)
+    return name
+
+
+def swap_tables(table_sql: str, probe_of: Callable[[str], str]) -> str:
+    """``table_sql`` (a FROM item: ``db.t`` or ``(subquery) AS alias``) with every table node
+    replaced by ``dpch_probe.<probe_of("db.t")>``, on the sqlglot tree. A table that
+    keeps no alias is given its old name as alias, so ``t.col`` still resolves. A table node that
+    is not a plain ``db.t`` (a table function, an unqualified name) is refused: a probe never
+    reads a table that is not a probe table."""
+    tree = parse_one(f"SELECT * FROM {table_sql}", read="clickhouse")
+    for t in list(tree.find_all(exp.Table)):
+        if not isinstance(t.this, exp.Identifier) or not t.args.get("db") or t.args.get("catalog"):
+            raise QueryRejected("the type check found a table it cannot replace by a probe table "
+                                "(not a catalogued database.table); nothing ran and nothing was charged")
+        alias = t.alias or t.name
+        t.set("this", exp.to_identifier(probe_of(f"{t.db}.{t.name}"), quoted=True))
+        t.set("db", exp.to_identifier(PROBE_DATABASE, quoted=True))
+        if not t.alias:
+            t.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+    return tree.args["from_"].this.sql("clickhouse")
+
+
+def probe_tables(conn) -> Callable[[str], str]:
+    """``probe_of(db.table)`` for ``swap_tables``: the probe table of a catalogued table (created
+    on first use). Raises QueryRejected for a table outside the catalog."""
+    def probe_of(table: str) -> str:
+        try:
+            entry = conn.catalog.get(table)
+        except CatalogError:
+            raise QueryRejected("the type check found a table outside the privacy catalog; nothing ran and "
+                                "nothing was charged") from None
+        return ensure_probe_table(conn.backend, entry)
+    return probe_of
+
+
+def check_before_charge(conn, plan, rendering=None) -> None:
+    """The pre-charge type check of ``plan`` (dpch.typecheck.check_runs) on probe data: the real
+    relation over the probe tables. ``rendering`` = (format, settings) when the engine renders the
+    result (the probe is rendered alike). Raises QueryRejected; charges nothing. A failure is
+    retried once after the probe tables are checked again (one may have been dropped)."""
+    from .rewrite import rewrite_probe
+    from .typecheck import check_runs
+
+    def run() -> None:
+        probe = rewrite_probe(plan, probe_tables(conn))
+        if rendering is None:
+            probe_sql, fmt = probe.sql, None
+        else:
+            probe_sql, fmt = probe.formatted_sql(rendering[1]), rendering[0]
+        check_runs(conn.backend, plan.entry, plan.bound, probe_sql, fmt)
+
+    try:
+        run()
+    except QueryRejected:
+        if type(plan.entry) is TableEntry or not _ready(conn.backend):
+            raise
+        forget(conn.backend)
+        run()
