@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
+.PHONY: install demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -23,6 +23,17 @@ demo: install
 
 test: install
 	$(VPY) -m pytest -q
+
+# Generative D/D' test of the join grammar (issue 26), much longer than in make test and with fresh
+# randomness: FUZZ_EXAMPLES random schemas of up to 12 queries each (about 6 on average); every
+# violation is collected (not only the first) in bench/out/join_fuzz.jsonl, the counts in
+# bench/out/join_fuzz.jsonl.stats.json. Several hours for the default on 2 cores.
+FUZZ_EXAMPLES ?= 3500
+fuzz: install
+	mkdir -p bench/out
+	rm -f bench/out/join_fuzz.jsonl
+	DPCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) DPCH_FUZZ_LOG=bench/out/join_fuzz.jsonl \
+		$(VPY) -m pytest -q -s -p no:cacheprovider tests/attacks/test_join_generative.py
 
 # The peers (the `bench` extra) are NOT installed into DPCH's environment: smartnoise-sql pins
 # pandas<3 and opendp<0.15. bench/run_all.py installs them into bench/.venv-peers and

@@ -239,6 +239,9 @@ def run_scenario(db, sc: g.Scenario, stats: Counter, collect: list | None) -> No
                         fh.write(json.dumps(collect[-1]) + "\n")
     finally:
         teardown(db, names)
+        if FUZZ_LOG:  # progress of a long run
+            with open(FUZZ_LOG + ".stats.json", "w") as fh:
+                json.dump(dict(sorted(stats.items())), fh, indent=1)
 
 
 def test_join_grammar_keeps_the_declared_sensitivity(db):
