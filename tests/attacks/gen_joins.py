@@ -360,12 +360,12 @@ def _join_tree(draw, q: _Q) -> None:
         new = e[1] if e[0] in q.aliases else e[0]
         q.aliases.append(new)
         edges.append((new, e[2]))
-    style = draw(st.sampled_from(("join", "join", "comma")))
+    style = draw(st.sampled_from(("join", "join", "comma", "cross")))
     parts = [_source(draw, start, q, True)]
-    if style == "comma" and edges:
-        q.features.append("comma")
+    if style in ("comma", "cross") and edges:  # the equalities in WHERE connect the tables
+        q.features.append(style)
         parts += [_source(draw, a, q, False) for a, _ in edges]
-        q.from_sql = ", ".join(parts)
+        q.from_sql = (", " if style == "comma" else " CROSS JOIN ").join(parts)
         q.where += [cond for _, cond in edges]
         return
     text = parts[0]
