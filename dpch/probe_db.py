@@ -8,8 +8,10 @@ type default, Nullable columns at the default of the inner type (so equal keys m
 flow through the joins; the relation's own default row, NULLs included, is added by the probe).
 Its name carries a digest of T's name and columns, so a table whose registered columns or types
 change gets a new probe table (and the passed-check cache, keyed by the probe's text, a new key).
-Tables are created lazily, once per backend, with ``CREATE TABLE IF NOT EXISTS ... AS SELECT``
-(``Log`` engine: the row survives a server restart; Memory would come back empty).
+Tables are created lazily with ``CREATE TABLE IF NOT EXISTS ... AS SELECT`` (Memory engine: the
+cheapest to read, bench/bench_probe.py). A server restart empties a Memory table, so each one is
+checked again (one ``count()``, refilled if empty) when its last check is older than
+``RECHECK_SECONDS``; a probe that fails is retried once after all are checked again.
 
 Privacy: the probe tables hold only type defaults, never a value from a row. The probe query is
 the rewritten query with every catalogued table replaced by its probe table on the SQL tree
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from functools import lru_cache
 from typing import Callable
 
 from sqlglot import exp, parse_one
@@ -34,7 +38,8 @@ from .errors import CatalogError, QueryRejected
 from .execute import sanitize_error
 
 PROBE_DATABASE = "dpch_probe"
-_ENGINE = "Log"
+_ENGINE = "Memory"
+RECHECK_SECONDS = 30.0
 
 
 def probe_table_name(entry: TableEntry) -> str:
@@ -55,7 +60,9 @@ def _non_null(ch_type: str) -> str:
     return t
 
 
-def _create_sql(entry: TableEntry, name: str) -> str:
+def _create_sql(entry: TableEntry, name: str) -> tuple[str, str]:
+    """(CREATE … AS SELECT <defaults>, INSERT … SELECT <defaults>). The types are the catalog's
+    (read from the engine's DESCRIBE at registration), so they are valid type names."""
     cols = ", ".join(f"{quote_ident(c)} {t}" for c, t in entry.columns.items())
     vals = ", ".join(f"CAST(defaultValueOfTypeName({quote_string(_non_null(t))}), {quote_string(t)}) AS {quote_ident(c)}"
                      for c, t in entry.columns.items())
@@ -63,10 +70,11 @@ def _create_sql(entry: TableEntry, name: str) -> str:
             f"AS SELECT {vals}"), f"INSERT INTO {PROBE_DATABASE}.{quote_ident(name)} SELECT {vals}"
 
 
-def _ready(backend) -> set:
+def _ready(backend) -> dict:
+    """Probe table name -> time.monotonic() of its last check, per backend."""
     ready = getattr(backend, "_dpch_probe_tables", None)
     if ready is None:
-        ready = set()
+        ready = {}
         try:
             backend._dpch_probe_tables = ready
         except AttributeError:  # pragma: no cover - backends are plain objects
@@ -79,23 +87,29 @@ def forget(backend) -> None:
     _ready(backend).clear()
 
 
+def _fresh(ready: dict, name: str) -> bool:
+    checked = ready.get(name)
+    return checked is not None and time.monotonic() - checked < RECHECK_SECONDS
+
+
 def ensure_probe_table(backend, entry: TableEntry) -> str:
-    """The name of ``entry``'s table in ``dpch_probe``, created with its one row if missing.
-    Raises QueryRejected (names the table only) if the engine refuses."""
+    """The name of ``entry``'s table in ``dpch_probe``, created with its one row if missing (or
+    refilled if empty). Raises QueryRejected (names the table only) if the engine refuses."""
     name = probe_table_name(entry)
-    qualified = f"{PROBE_DATABASE}.{quote_ident(name)}"
     ready = _ready(backend)
-    if name in ready:
+    if _fresh(ready, name):
         return name
     with _backend_lock(backend):
-        if name in ready:
+        if _fresh(ready, name):
             return name
+        qualified = f"{PROBE_DATABASE}.{quote_ident(name)}"
         create, insert = _create_sql(entry, name)
         try:
             backend.command(f"CREATE DATABASE IF NOT EXISTS {PROBE_DATABASE}")
             backend.command(create)
-            # a table left empty (a crash between CREATE and its insert) gets its row now; two
-            # racing processes may both add one: harmless, the probe's output is discarded
+            # a table left empty (a server restart, a crash between CREATE and its insert) gets
+            # its row again; two racing processes may both add one: harmless, the probe's output
+            # is discarded and a second row of the same defaults changes no type
             df = backend.query_df(f"SELECT count() AS n FROM {qualified}")
             if int(df["n"].iloc[0]) == 0:
                 backend.command(insert)
@@ -103,23 +117,44 @@ def ensure_probe_table(backend, entry: TableEntry) -> str:
             raise QueryRejected(f"the type check could not prepare its probe table for {entry.table} "
                                 f"({sanitize_error(str(exc))}); the engine user needs CREATE TABLE, INSERT and "
                                 f"SELECT on {PROBE_DATABASE}.*. Nothing ran on the data and nothing was charged") from None
-        ready.add(name)
+        ready[name] = time.monotonic()
     return name
 
 
 def swap_tables(table_sql: str, probe_of: Callable[[str], str]) -> str:
     """``table_sql`` (a FROM item: ``db.t`` or ``(subquery) AS alias``) with every table node
-    replaced by ``dpch_probe.<probe_of("db.t")>``, on the sqlglot tree. A table that
-    keeps no alias is given its old name as alias, so ``t.col`` still resolves. A table node that
-    is not a plain ``db.t`` (a table function, an unqualified name) is refused: a probe never
-    reads a table that is not a probe table."""
+    replaced by ``dpch_probe.<probe_of("db.t")>``, on the sqlglot tree. A table that keeps no
+    alias is given its old name as alias, so ``t.col`` still resolves. A table node that is not a
+    plain ``db.t`` (a table function, an unqualified name) is refused: a probe never reads a table
+    that is not a probe table. Parsing is cached by text (a repeated relation costs no parse)."""
+    names = tuple(probe_of(t) for t in _tables_of(table_sql))
+    return _swapped(table_sql, names)
+
+
+def _parse(table_sql: str) -> exp.Expression:
     tree = parse_one(f"SELECT * FROM {table_sql}", read="clickhouse")
-    for t in list(tree.find_all(exp.Table)):
+    for t in tree.find_all(exp.Table):
         if not isinstance(t.this, exp.Identifier) or not t.args.get("db") or t.args.get("catalog"):
             raise QueryRejected("the type check found a table it cannot replace by a probe table "
                                 "(not a catalogued database.table); nothing ran and nothing was charged")
+    return tree
+
+
+@lru_cache(maxsize=1024)
+def _tables_of(table_sql: str) -> tuple[str, ...]:
+    """The ``db.t`` of every table node, in tree order."""
+    return tuple(f"{t.db}.{t.name}" for t in _parse(table_sql).find_all(exp.Table))
+
+
+@lru_cache(maxsize=1024)
+def _swapped(table_sql: str, names: tuple[str, ...]) -> str:
+    tree = _parse(table_sql)
+    tables = list(tree.find_all(exp.Table))
+    if len(tables) != len(names):  # cannot happen: the same text parses to the same tree
+        raise QueryRejected("the type check could not build its probe; nothing ran and nothing was charged")
+    for t, name in zip(tables, names):
         alias = t.alias or t.name
-        t.set("this", exp.to_identifier(probe_of(f"{t.db}.{t.name}"), quoted=True))
+        t.set("this", exp.to_identifier(name, quoted=True))
         t.set("db", exp.to_identifier(PROBE_DATABASE, quoted=True))
         if not t.alias:
             t.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
