@@ -29,6 +29,7 @@ from sqlglot.dialects.dialect import Dialect
 
 from .catalog import TableEntry, base_type, date_kind
 from .errors import QueryRejected
+from .function_rules import NON_DP_AGGREGATES, func_name
 from .parse import DIALECT, ParsedQuery
 
 INTERNAL_PREFIX = "__dp_"
@@ -83,19 +84,7 @@ array tuple
 """.split())
 
 # Aggregates that exist in ClickHouse but have no DP mechanism here (for the error message).
-_NON_DP_AGGREGATES = set("""
-min max any anylast anyheavy argmin argmax uniq uniqexact uniqcombined uniqcombined64 uniqhll12
-uniqtheta grouparray grouparraysorted grouparraysample groupuniqarray grouparrayinsertat
-groupbitand groupbitor groupbitxor groupbitmap quantile quantiles quantileexact quantiletdigest
-quantiletiming quantiledeterministic quantilesexact quantilestdigest median medianexact topk topkweighted
-summap minmap maxmap sumwithoverflow sumkahan avgweighted corr covarpop covarsamp skewpop skewsamp
-kurtpop kurtsamp entropy first_value last_value histogram simplelinearregression
-stochasticlinearregression mannwhitneyutest studentttest welchttest boundingratio rankcorr
-sequencematch sequencecount windowfunnel retention maxintersections grouparraymovingsum
-grouparraymovingavg deltasum categoricalinformationvalue contingency cramersv theilsu
-array_agg arrayagg string_agg group_concat listagg approx_count_distinct approx_distinct
-approx_quantile percentile_cont percentile_disc mode bool_and bool_or every some
-""".split())
+_NON_DP_AGGREGATES = NON_DP_AGGREGATES
 
 _VAR_NAMES = {
     "varsamp": "var_samp", "var_samp": "var_samp", "variance": "var_samp", "variance_samp": "var_samp",
@@ -126,17 +115,6 @@ def aggregate_refs(template: exp.Expression) -> list[int]:
     order."""
     return [int(n.name[len(AGG_PREFIX):]) for n in template.walk()
             if isinstance(n, exp.Column) and n.name.startswith(AGG_PREFIX)]
-
-
-def func_name(node: exp.Expression) -> str:
-    """The function name as written (best effort) for messages."""
-    if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
-        return str(node.this) if not isinstance(node.this, exp.Expression) else node.this.name
-    if isinstance(node, exp.ParameterizedAgg):
-        return str(node.this)
-    if isinstance(node, exp.Func):
-        return node.sql_name().lower()
-    return type(node).__name__
 
 
 def _is_dpch_name(name: str) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
+from sqlglot import exp
 
 from .bind import BoundQuery, bind
 from .errors import CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
@@ -39,6 +40,7 @@ from .probe_db import check_before_charge
 from .rewrite import Rewritten, rewrite
 from .totality import make_total, make_total_templates
 from .typecheck import expression_types
+from .units import unit_path
 
 
 @dataclass
@@ -60,15 +62,22 @@ class Prepared:
         return sum(self.timings_ms.values())
 
 
-def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> Prepared:
-    """parse → bind → total → plan → rewrite. Raises QueryRejected/InvalidParameter; touches no
-    ledger and reads no row: the engine is asked only for the catalog (usually cached) and for the
-    types of the query's expressions (a DESCRIBE, dpch.typecheck). ``tree``: ``sql`` already parsed
-    (dpch.parse.parse)."""
+def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, precheck: bool = False,
+            **options) -> Prepared:
+    """parse → budget precheck → bind → total → plan → rewrite. Raises QueryRejected /
+    InvalidParameter / BudgetExceeded; charges nothing and reads no row: the engine is asked only
+    for the catalog (usually cached) and for the types of the query's expressions (a DESCRIBE,
+    dpch.typecheck). ``precheck``: before the engine analyses anything the analyst wrote, the
+    ledger confirms (read-only) that the analyst can afford the declared (ε, δ) on every dataset
+    the query reads (DESIGN.md invariant 10). Every path that charges afterwards passes True (run_query,
+    run_query_formatted, propose-test-release); inspection (explain, the audit, tests) does not. ``tree``:
+    ``sql`` already parsed (dpch.parse.parse)."""
     t0 = time.perf_counter()
     opts = QueryOptions.from_kwargs(options)
     eps, dlt = check_budget_args(epsilon, delta)
     parsed = parse(sql, tree)
+    if precheck:
+        _precheck_budget(conn, parsed, eps, dlt)
     t1 = time.perf_counter()
     parsed, entry = _relation(conn, parsed)
     entry = _with_contribution(entry, opts)
@@ -84,6 +93,44 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **opti
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
     return Prepared(parsed, bound, plan, rewritten, timings)
+
+
+def _precheck_budget(conn, parsed: ParsedQuery, eps: float, dlt: float) -> None:
+    """The ledger's free, read-only affordability check (Ledger.precheck) for every dataset the query
+    would charge: the unit root of each protected table it names. Uses the catalog only; a table the
+    catalog does not know is left to the relation stage's message."""
+    names = [parsed.table_ref] if parsed.sources is None else _source_tables(parsed.sources)
+    datasets = []
+    for name in names:
+        try:
+            entry = conn.catalog.get(conn.catalog.qualify(name))
+            if entry.public:
+                continue
+            path = unit_path(entry, conn.catalog.lookup)
+        except CatalogError:
+            continue
+        root = path.root.table if path is not None else entry.table
+        if root not in datasets:
+            datasets.append(root)
+    if not datasets:
+        return
+    ledger = _ledger_of(conn)
+    for dataset in datasets:
+        ledger.precheck(conn.analyst, dataset, eps, dlt)
+
+
+def _source_tables(spec) -> list[str]:
+    """Every table named in a FromSpec: its FROM/JOIN tables, and those inside its subqueries and
+    semi-joins (CTE names among them are skipped by the caller: the catalog does not know them)."""
+    out = []
+    nodes = [src.table for src in spec.sources if src.table is not None]
+    for sub in [src.subquery for src in spec.sources if src.subquery is not None] + [s.subquery for s in spec.semijoins]:
+        nodes += list(sub.find_all(exp.Table))
+    for t in nodes:
+        name = f"{t.db}.{t.name}" if t.db else t.name
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def _with_contribution(entry, opts: QueryOptions):
@@ -116,7 +163,7 @@ def _relation(conn, parsed: ParsedQuery) -> tuple[ParsedQuery, Any]:
 def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> pd.DataFrame:
     """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring). ``tree``: ``sql``
     already parsed by the caller (the ledger records ``sql``)."""
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, **options)
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, **options)
     df, receipt = _charge_and_run(conn, prepared, sql, None, lambda: execute(conn.backend, prepared.rewritten))
     return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
                        controller_ms=prepared.controller_ms)
@@ -144,7 +191,7 @@ def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 
     before the charge. Confidence-interval columns need the DataFrame path (``with_ci`` refused)."""
     if options.get("with_ci"):
         raise InvalidParameter("run_query_formatted does not add CI columns; use run_query")
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, **options)
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, **options)
     out, receipt = _charge_and_run(
         conn, prepared, sql, (fmt, format_settings),
         lambda: execute_formatted(conn.backend, prepared.rewritten, fmt, format_settings))
@@ -156,13 +203,19 @@ def charge_first(conn, dataset: str, cost, text: str):
     """(ledger, receipt): the charge made before anything runs (DESIGN.md invariant 2), by every
     release path (queries, sparse vector, PTR, early stopping, Block-DP). No ledger, no release
     (fail closed). Raises BudgetExceeded / QueryRejected with nothing charged."""
+    ledger = _ledger_of(conn)
+    return ledger, ledger.charge(conn.analyst, dataset, cost, text)
+
+
+def _ledger_of(conn):
+    """The connection's ledger; any failure to reach it is a LedgerError (fail closed: no ledger,
+    no release)."""
     try:
-        ledger = conn.ledger
+        return conn.ledger
     except DPCHError:
         raise
     except Exception as exc:  # fail closed
         raise LedgerError(f"the budget ledger is unavailable ({type(exc).__name__}); nothing ran") from None
-    return ledger, ledger.charge(conn.analyst, dataset, cost, text)
 
 
 def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):

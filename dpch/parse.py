@@ -19,6 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from .errors import QueryRejected
+from .function_rules import check_functions
 from .relation import FromSpec, needs_relation, split_from
 
 DIALECT = "clickhouse"
@@ -90,7 +91,7 @@ def parse(sql: str, tree: exp.Expression | None = None) -> ParsedQuery:
         raise _reject("INTO OUTFILE is not allowed: results are returned as a DataFrame")
     if tree is not None:
         _check_statement(tree)
-        return _shaped(sql, _split(tree))
+        return _checked(sql, tree)
     try:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -102,7 +103,16 @@ def parse(sql: str, tree: exp.Expression | None = None) -> ParsedQuery:
                       if statements else "empty query: write one SELECT statement")
     tree = statements[0]
     _check_statement(tree)
-    return _shaped(sql, _split(tree))
+    return _checked(sql, tree)
+
+
+def _checked(sql: str, tree: exp.Expression) -> ParsedQuery:
+    """The shape checks (their messages name the construct), then one function rule set over the
+    WHOLE statement, every subquery included (DESIGN.md invariant 10; split_from leaves ``tree``
+    as it was)."""
+    parsed = _shaped(sql, _split(tree))
+    check_functions(tree)
+    return parsed
 
 
 def _split(tree: exp.Expression) -> tuple[exp.Expression, FromSpec | None]:

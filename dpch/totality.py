@@ -33,96 +33,15 @@ from typing import Callable, Sequence
 
 from sqlglot import exp
 
-from .bind import BoundQuery, func_name, sql_of
+from .bind import BoundQuery, sql_of
 from .catalog import base_type
 from .errors import QueryRejected
+from .function_rules import FUNCTION_RULES, Rule, func_name
+from .function_rules import rule_name as _name
 
 TypesOf = Callable[[Sequence[str]], list[str]]
 
 
-@dataclass(frozen=True)
-class Rule:
-    kind: str  # "total" | "rewrite" | "constant" | "reject"
-    why: str
-
-
-def _rules(kind: str, names: str, why: str) -> dict[str, Rule]:
-    return {n: Rule(kind, why) for n in names.split()}
-
-
-# By lower-case ClickHouse name (sqlglot node classes are mapped to these names by _name()).
-FUNCTION_RULES: dict[str, Rule] = {
-    **_rules("total", "plus minus multiply negate abs sign least greatest",
-             "integer arithmetic wraps, float arithmetic gives ±inf/NaN; never throws"),
-    **_rules("total", "divide", "float division (x/0 = ±inf or NaN); Decimal operands are converted to Float64 first"),
-    **_rules("total", "round roundbankers roundtoexp2 floor ceil ceiling trunc truncate",
-             "rounding; the number of digits must be a constant"),
-    **_rules("total", "sqrt cbrt pow power exp exp2 exp10 log ln log2 log10 log1p sin cos tan asin acos atan "
-                      "pi e isfinite isinfinite isnan moduloorzero",
-             "floating-point math returns NaN/inf outside its domain; the -OrZero forms return 0"),
-    **_rules("total", "equals notequals less greater lessorequals greaterorequals and or not xor in notin "
-                      "isnull isnotnull isnullable if multiif ifnull nullif coalesce case between is",
-             "comparisons, logic and conditionals: types are checked before the query runs"),
-    **_rules("total", "bitand bitor bitxor bitnot", "bitwise operations on integers"),
-    **_rules("total", "length lengthutf8 char_length character_length empty notempty lower upper lowerutf8 "
-                      "upperutf8 reverse trim trimleft trimright trimboth ltrim rtrim concat concatwithseparator "
-                      "dpipe startswith endswith position positioncaseinsensitive positionutf8 locate tostring "
-                      "hex unhex md5 sha sha2 initcap ascii chr splitbywhitespace",
-             "string functions whose output is at most their input (or a constant) in size"),
-    **_rules("total", "has hasany hasall indexof array tuple", "array membership over literal arrays"),
-    **_rules("total", "toyear tomonth todayofmonth todayofweek todayofyear toquarter tohour tominute tosecond "
-                      "toisoweek toisoyear toyyyymm toyyyymmdd toyyyymmddhhmmss tostartofday tostartofmonth "
-                      "tostartofquarter tostartofyear tostartofhour tostartofminute tostartoffiveminutes "
-                      "tostartoffifteenminutes tomonday tolastdayofmonth timeslot torelativedaynum "
-                      "torelativemonthnum torelativeyearnum torelativeweeknum adddays addweeks addmonths "
-                      "addyears addhours addminutes addseconds addquarters subtractdays subtractweeks "
-                      "subtractmonths subtractyears subtracthours subtractminutes subtractseconds today "
-                      "yesterday now fromunixtimestamp",
-             "date parts and date arithmetic on Date/DateTime values (wrap around, never throw)"),
-    **_rules("total", "toint64orzero toint32orzero tofloat64orzero toint64ornull toint32ornull tofloat64ornull "
-                      "tostringornull todateorzero todateornull todatetimeornull accuratecastornull",
-             "the -OrZero/-OrNull conversions never throw"),
-    **_rules("rewrite", "intdiv intdivorzero",
-             "intDiv throws on a zero divisor, on INT_MIN / -1 and (intDivOrZero too) on a float quotient outside "
-             "its result type (Int32 for a Float32) or an infinite divisor: becomes intDivOrZero(if(ok, a, 0), "
-             "if(ok, b, 1)) with ok = isFinite(a) AND isFinite(b) AND abs(a / b) < the limit of the result type "
-             "(4.6e18 for Int64)"),
-    **_rules("rewrite", "modulo mod", "% throws on a zero divisor: becomes moduloOrZero"),
-    **_rules("rewrite", "cast toint8 toint16 toint32 toint64 toint128 toint256 touint8 touint16 touint32 touint64 "
-                        "touint128 touint256 tofloat32 tofloat64 todate todate32 todatetime tobool "
-                        "tounixtimestamp",
-             "a conversion of a String (parse) or to an Enum/UUID/Bool can throw on a value: becomes "
-             "accurateCastOrNull(x, 'T'); a float NaN/inf to an integer or a date throws: only finite values are "
-             "converted (NULL otherwise); other numeric conversions wrap and are total as they are"),
-    **_rules("rewrite", "todecimal32 todecimal64 todecimal128 todecimal256",
-             "Decimal conversion and arithmetic throw on overflow and on division by zero: computed in Float64, "
-             "truncated to the scale"),
-    **_rules("constant", "substring substr substringutf8 left right",
-             "offset and length must be integer constants (a huge value computed from data throws)"),
-    **_rules("constant", "leftpad rightpad lpad rpad pad",
-             "the length must be a constant ≤ 10000 and the fill a constant string (output size)"),
-    **_rules("constant", "like notlike ilike notilike match regexplike regexpilike extract replaceregexpall "
-                         "replaceregexpone regexpextract regexpreplace similarto",
-             "the pattern must be a constant string (a pattern compiled from data can fail or be slow)"),
-    **_rules("constant", "replace replaceall replaceone",
-             "needle and replacement must be constants (output size)"),
-    **_rules("constant", "splitbychar splitbystring split", "the separator must be a constant"),
-    **_rules("constant", "formatdatetime timetostr", "the format must be a constant string"),
-    **_rules("constant", "datediff date_diff age dateadd date_add datesub date_sub datetrunc date_trunc "
-                         "timestamptrunc timestampadd timestampsub timestampdiff tostartofinterval interval "
-                         "toweek tostartofweek",
-             "the unit (or week mode, or interval) must be a constant; a column cannot be a unit"),
-    **_rules("constant", "bitshiftleft bitshiftright", "the shift must be a constant ≥ 0 (a negative one throws)"),
-    **_rules("reject", "repeat", "its output size is the product of two inputs, so it can grow past the engine's "
-                                 "limit for one unit's rows"),
-    **_rules("reject", "tofixedstring", "it throws on a string longer than N; use substring(s, 1, N)"),
-    **_rules("reject", "levenshtein editdistance levenshteindistance damerauLevenshteinDistance",
-             "quadratic cost in the strings' lengths (a timing channel) and a length limit that throws"),
-    **_rules("reject", "bracket arrayelement slice", "array subscripts throw on index 0; use has()/indexOf()"),
-    **_rules("reject", "gcd lcm positivemodulo", "they throw on some values (INT_MIN, zero)"),
-    **_rules("reject", "todatetime64", "DateTime64 is a Decimal: its arithmetic throws on overflow; use toDateTime"),
-    **_rules("reject", "strtodate strtotime parsedatetime", "parsing throws on malformed text; use toDateOrNull"),
-}
 
 # Date and time functions parse a String argument row by row (a date, a time zone): the parse
 # throws on malformed text, so such an argument must be a constant (checked once, while the query is
@@ -168,53 +87,6 @@ def _check_target(target: str, where: str) -> None:
 def _reject(msg: str) -> QueryRejected:
     return QueryRejected(msg)
 
-
-_STRUCTURAL = (exp.Paren, exp.Literal, exp.Boolean, exp.Null, exp.Column, exp.Identifier, exp.Var, exp.DataType,
-               exp.DataTypeParam, exp.Ordered, exp.Kwarg, exp.Distinct, exp.Star, exp.Tuple, exp.Array)
-
-# sqlglot node classes → the ClickHouse function they stand for (the rule name)
-_CLASS_NAMES = {
-    "Add": "plus", "Sub": "minus", "Mul": "multiply", "Div": "divide", "Neg": "negate", "IntDiv": "intdiv",
-    "Mod": "modulo", "EQ": "equals", "NEQ": "notequals", "GT": "greater", "GTE": "greaterorequals", "LT": "less",
-    "LTE": "lessorequals", "NullSafeEQ": "equals", "NullSafeNEQ": "notequals", "And": "and", "Or": "or",
-    "Xor": "xor", "Not": "not", "Like": "like", "ILike": "ilike", "RegexpLike": "match", "RegexpILike": "regexpilike",
-    "SimilarTo": "similarto", "Is": "is", "In": "in", "Between": "between", "DPipe": "dpipe", "BitwiseAnd": "bitand",
-    "BitwiseOr": "bitor", "BitwiseXor": "bitxor", "BitwiseNot": "bitnot", "BitwiseLeftShift": "bitshiftleft",
-    "BitwiseRightShift": "bitshiftright", "Cast": "cast", "TryCast": "cast", "Interval": "interval",
-    "Abs": "abs", "Sign": "sign", "Round": "round", "Floor": "floor", "Ceil": "ceil", "Trunc": "trunc",
-    "Sqrt": "sqrt", "Cbrt": "cbrt", "Pow": "pow", "Exp": "exp", "Ln": "ln", "Log": "log", "Least": "least",
-    "Greatest": "greatest", "If": "if", "Case": "case", "Coalesce": "coalesce", "Nullif": "nullif",
-    "Lower": "lower", "Upper": "upper", "Length": "length", "Substring": "substring", "Concat": "concat",
-    "ConcatWs": "concatwithseparator", "StartsWith": "startswith", "EndsWith": "endswith", "Trim": "trim",
-    "TimestampTrunc": "timestamptrunc", "DateTrunc": "datetrunc", "StrPosition": "position", "Pi": "pi",
-    "Year": "toyear", "Month": "tomonth", "Day": "todayofmonth", "Quarter": "toquarter", "Week": "toweek",
-    "DayOfWeek": "todayofweek", "DayOfMonth": "todayofmonth", "DayOfYear": "todayofyear", "Hour": "tohour",
-    "Minute": "tominute", "Second": "tosecond", "CurrentDate": "today", "CurrentTimestamp": "now",
-    "CurrentDatetime": "now", "DateAdd": "dateadd", "DateSub": "datesub", "DateDiff": "datediff",
-    "TimestampAdd": "timestampadd", "TimestampSub": "timestampsub", "TimestampDiff": "timestampdiff",
-    "StrToDate": "strtodate", "StrToTime": "strtotime", "TimeToStr": "formatdatetime",
-    "UnixToTime": "fromunixtimestamp", "TimeToUnix": "tounixtimestamp", "Left": "left", "Right": "right",
-    "Reverse": "reverse", "Replace": "replace", "Repeat": "repeat", "Pad": "pad", "Initcap": "initcap",
-    "Bracket": "bracket", "Levenshtein": "levenshtein", "Chr": "chr", "Ascii": "ascii",
-    "RegexpExtract": "regexpextract", "RegexpReplace": "regexpreplace", "Split": "split",
-    "ArrayContains": "has", "ArrayContainsAll": "hasall", "ArrayOverlaps": "hasany", "ArraySize": "length",
-    "Unhex": "unhex", "Hex": "hex", "MD5": "md5", "SHA": "sha", "SHA2": "sha2", "IsNan": "isnan", "IsInf": "isinfinite",
-    "Slice": "slice",
-}
-_NODE_NAMES = {getattr(exp, c): n for c, n in _CLASS_NAMES.items() if getattr(exp, c, None) is not None}
-
-
-def _name(node: exp.Expression) -> str:
-    """The rule name of a node: the ClickHouse function it stands for, lower case ("" for the
-    structural nodes: literals, columns, parentheses, types, array/tuple literals)."""
-    if isinstance(node, (exp.Anonymous, exp.AnonymousAggFunc, exp.CombinedAggFunc)):
-        return func_name(node).lower()
-    name = _NODE_NAMES.get(type(node))
-    if name is not None:
-        return name
-    if isinstance(node, _STRUCTURAL):
-        return ""
-    return f"<{type(node).__name__}>"
 
 
 _INTDIV_LIMIT = "4.6e18"  # < 2^63 with room for float rounding of the quotient

@@ -98,6 +98,9 @@ class FakeLedger:
         self.events = []
         self.refuse = refuse
 
+    def precheck(self, analyst, dataset, epsilon, delta):
+        self.events.append(("precheck", analyst, dataset))
+
     def charge(self, analyst, dataset, cost, query):
         self.events.append(("charge", analyst, dataset, cost.epsilon, cost.delta))
         if self.refuse:
@@ -125,8 +128,9 @@ def test_charge_happens_before_execution(adb, monkeypatch):
     monkeypatch.setattr(adb.backend, "query_df", query_df)
     df = run_query(adb, f"SELECT COUNT(*) AS n FROM {DB}.purchases", epsilon=0.5)
     kinds = [e[0] for e in ledger.events]
-    assert kinds == ["probe", "charge", "execute", "mark"] and ledger.events[-1] == ("mark", "executed")
-    assert ledger.events[1][1:] == (ANALYST, f"{DB}.purchases", pytest.approx(0.5), 0.0)
+    # the free budget precheck comes before anything the analyst wrote reaches the engine
+    assert kinds == ["precheck", "probe", "charge", "execute", "mark"] and ledger.events[-1] == ("mark", "executed")
+    assert ledger.events[2][1:] == (ANALYST, f"{DB}.purchases", pytest.approx(0.5), 0.0)
     assert df.attrs["dpch"]["receipt"] == 42
 
 
@@ -161,7 +165,7 @@ def test_failed_execution_stays_charged_and_error_is_sanitised(adb, monkeypatch)
         adb.query(f"SELECT region, COUNT(*) FROM {DB}.purchases GROUP BY region", epsilon=0.5)
     msg = str(info.value)
     assert "alice" not in msg and salt_sql not in msg and "CANNOT_PARSE_TEXT" in msg
-    assert [e[0] for e in ledger.events] == ["charge", "mark"] and ledger.events[-1] == ("mark", "failed")
+    assert [e[0] for e in ledger.events] == ["precheck", "charge", "mark"] and ledger.events[-1] == ("mark", "failed")
 
 
 def test_sanitize_error():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dpch import bind as bind_mod
-from dpch import totality
+from dpch import function_rules, totality
 from dpch.bind import bind, sql_of
 from dpch.catalog import TableEntry
 from dpch.errors import QueryRejected
@@ -37,7 +37,7 @@ def total_where(condition: str) -> str:
 def test_every_allowed_function_has_a_totality_rule():
     anonymous = [n for n in bind_mod._ALLOWED_ANONYMOUS if n not in totality.FUNCTION_RULES]
     classes = [c.__name__ for c in bind_mod._ALLOWED_NODES
-               if c not in totality._NODE_NAMES and not issubclass(c, totality._STRUCTURAL)]
+               if c not in function_rules._NODE_NAMES and not issubclass(c, function_rules._STRUCTURAL)]
     assert anonymous == [] and classes == []
     assert {r.kind for r in totality.FUNCTION_RULES.values()} == {"total", "rewrite", "constant", "reject"}
     assert "| reject |" in totality.rules_table()

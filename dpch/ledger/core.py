@@ -157,6 +157,41 @@ class Ledger:
                             settled=n_settled, unsettled=n_held)
 
     # -- charging ---------------------------------------------------------------------------
+    def precheck(self, analyst: str, dataset: str, epsilon: float, delta: float = 0.0) -> None:
+        """Can ``analyst`` afford a query that declares (ε, δ) on ``dataset``? Read-only and free:
+        nothing is charged or recorded. The controller asks it before anything the analyst wrote is
+        analysed by the engine (DESIGN.md invariant 10), so an analyst without budget learns nothing
+        from analysis errors. Raises BudgetExceeded when the budget is missing, its query count is
+        used up, or (basic composition, where a query costs exactly its declared ε and at most its
+        δ) the remaining ε or δ is too small; for the other accountants, whose cost depends on the
+        mechanisms, only when nothing remains. The charge itself (``charge``) decides exactly."""
+        analyst = check_name(analyst, "analyst")
+        dataset = check_name(dataset, "dataset")
+
+        def fn(txn: LedgerTxn):
+            row = txn.get_budget(analyst, dataset)
+            if row is None:
+                return None, None
+            return row, self._status(*self._current(txn, analyst, dataset))
+
+        row, status = self.store.read(fn)
+        if row is None:
+            raise BudgetExceeded(no_budget_message(analyst, dataset))
+        left = status.remaining
+        tol = 1e-9
+        if left.queries is not None and left.queries <= 0:
+            short = "no queries remain"
+        elif row.accountant == "basic" and (epsilon > left.epsilon * (1 + tol) + 1e-15
+                                            or delta > left.delta * (1 + tol) + 1e-18):
+            short = f"the query declares ε={_fmt(epsilon)}, δ={_fmt(delta)}"
+        elif left.epsilon <= 0 and (left.rho is None or left.rho <= 0):
+            short = "nothing remains"
+        else:
+            return
+        raise BudgetExceeded(f"privacy budget exceeded for analyst {analyst!r} on dataset {dataset!r} (accountant "
+                             f"{row.accountant}): {short}; remaining: {left.describe()}. Nothing was analysed, nothing "
+                             "ran and nothing was charged")
+
     def charge(self, analyst: str, dataset: str, cost: PrivacyCost, query: str) -> Receipt:
         """Atomic check-and-charge. Returns a Receipt once the charge is durable; raises
         BudgetExceeded (over budget, or no budget set) or QueryRejected (the accountant's theorem

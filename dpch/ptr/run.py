@@ -181,7 +181,8 @@ class PtrRun:
 
         sql = f"SELECT quantile(0.5)({self.column}) FROM {self.table}" + (f" WHERE {self.where}" if self.where else "")
         try:
-            prepared = prepare(self.conn, sql, epsilon=self.epsilon, delta=0.0, mechanism="laplace", **self.options)
+            prepared = prepare(self.conn, sql, epsilon=self.epsilon, delta=0.0, mechanism="laplace", precheck=True,
+                               **self.options)
         except CatalogError as exc:
             raise QueryRejected(str(exc)) from None
         plan = prepared.plan
