@@ -354,8 +354,9 @@ class WorkerBackend:
         raise BackendError("the gateway's engine worker does not load data; use `dpch load` while the gateway "
                            "is stopped")
 
-    def with_limits(self, limits: EngineLimits) -> "LimitedBackend":
-        """A view of this worker whose statements run under ``limits`` (one analyst's)."""
+    def with_limits(self, limits) -> "LimitedBackend":
+        """A view of this worker whose statements run under ``limits`` (one analyst's): an
+        EngineLimits, or a callable returning the current one (read again on every statement)."""
         return LimitedBackend(self, limits)
 
     def close(self) -> None:
@@ -377,8 +378,12 @@ class LimitedBackend:
 
     kind = "worker"
 
-    def __init__(self, worker: WorkerBackend, limits: EngineLimits):
-        self.worker, self.limits = worker, limits
+    def __init__(self, worker: WorkerBackend, limits):
+        self.worker, self._limits = worker, limits
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits() if callable(self._limits) else self._limits
 
     @property
     def _dpch_catalog_cache(self):  # dpch.catalog caches entries on the backend: share the worker's

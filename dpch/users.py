@@ -6,7 +6,10 @@ argon2-cffi), in ``<data dir>/users.json``.
   never stored, printed or logged.
 - ``verify(name, password)`` takes the same path for an unknown user as for a wrong password: it
   verifies against a dummy hash of the same parameters, so the two cannot be told apart by timing.
-- Only the gateway process (and the administrator's CLI) reads the file; analysts never do.
+- Only the gateway process (and the administrator's CLI) reads the file; analysts never do. The
+  gateway's engine worker cannot read it either (Landlock, dpch.engine_worker).
+- A record may carry ``"limits"``: per-user engine limits (names of `dpch.engine_worker.EngineLimits`)
+  that override the gateway's defaults for that analyst's statements.
 """
 from __future__ import annotations
 
@@ -107,7 +110,10 @@ class UserStore:
             users = dict(self._load())
             if name in users and not replace:
                 raise InvalidParameter(f"user {name!r} exists already (use --replace to change the password)")
-            users[name] = {"hash": self._ph.hash(password), "created_at": time.time()}
+            rec = {"hash": self._ph.hash(password), "created_at": time.time()}
+            if users.get(name, {}).get("limits"):  # a new password keeps the user's engine limits
+                rec["limits"] = users[name]["limits"]
+            users[name] = rec
             self._save(users)
             self._stamp = None
 
@@ -119,6 +125,35 @@ class UserStore:
             del users[name]
             self._save(users)
             self._stamp = None
+
+    def set_limits(self, name: str, limits: dict | None) -> None:
+        """Set (or, with None, remove) ``name``'s engine-limit overrides, validated against
+        `dpch.engine_worker.EngineLimits`."""
+        from .engine_worker import EngineLimits
+
+        if limits:
+            try:
+                EngineLimits().with_overrides(limits)
+            except (TypeError, ValueError) as exc:
+                raise InvalidParameter(str(exc)) from None
+        with self._lock:
+            users = dict(self._load())
+            if name not in users:
+                raise InvalidParameter(f"no user {name!r}")
+            rec = dict(users[name])
+            if limits:
+                rec["limits"] = dict(limits)
+            else:
+                rec.pop("limits", None)
+            users[name] = rec
+            self._save(users)
+            self._stamp = None
+
+    def limits(self, name: str) -> dict | None:
+        """``name``'s engine-limit overrides (None: the gateway's defaults)."""
+        with self._lock:
+            rec = self._load().get(name)
+        return dict(rec["limits"]) if rec and rec.get("limits") else None
 
     def list(self) -> list[str]:
         with self._lock:

@@ -2,9 +2,14 @@
 
     dpch serve [--data-dir DIR] [--host 127.0.0.1] [--port 8123]
                [--backend URL --backend-user U --backend-password-file F]
+               [--max-execution-time S --max-memory-usage B --max-rows-to-read N
+                --max-result-rows N --max-bytes-to-read B] [--unconfined]
 
 The data directory holds the ledger, the user store (``dpch users``) and, for the embedded engine,
-the store itself. See docs/GATEWAY.md.
+the store itself, which a Landlock-confined worker process owns (dpch.engine_worker): the gateway
+refuses to start when the kernel cannot confine it, unless ``--unconfined`` (or
+``DPCH_ENGINE_UNCONFINED=1``) says so explicitly. The engine limits apply to every statement the
+worker runs (a user's record may override them). See docs/GATEWAY.md, "Confinement and limits".
 """
 from __future__ import annotations
 
@@ -32,6 +37,18 @@ def register(subparsers) -> None:
     p.add_argument("--max-connections", type=int, default=1024, help="open connections in all")
     p.add_argument("--access-log", default=None, metavar="PATH",
                    help="JSON-lines access log (default DIR/access.log; '-' for stderr)")
+    from ..engine_worker import EngineLimits
+
+    d = EngineLimits()
+    p.add_argument("--max-execution-time", type=float, default=d.max_execution_time, metavar="S",
+                   help="engine limit: seconds per statement (the worker is restarted 10 s later if stuck)")
+    p.add_argument("--max-memory-usage", type=int, default=d.max_memory_usage, metavar="BYTES")
+    p.add_argument("--max-rows-to-read", type=int, default=d.max_rows_to_read, metavar="N")
+    p.add_argument("--max-result-rows", type=int, default=d.max_result_rows, metavar="N",
+                   help="engine limit on result rows (ClickHouse checks subqueries too)")
+    p.add_argument("--max-bytes-to-read", type=int, default=d.max_bytes_to_read, metavar="BYTES", help="0: no limit")
+    p.add_argument("--unconfined", action="store_true",
+                   help="run the embedded engine without Landlock confinement (not for production)")
     p.set_defaults(func=_run)
 
 
@@ -43,9 +60,16 @@ def _run(args) -> int:
     password = os.environ.get("DPCH_BACKEND_PASSWORD", "")
     if args.backend_password_file:
         password = Path(args.backend_password_file).read_text().rstrip("\r\n")
+    from ..engine_worker import EngineLimits
+
+    limits = EngineLimits(max_execution_time=args.max_execution_time, max_memory_usage=args.max_memory_usage,
+                          max_rows_to_read=args.max_rows_to_read, max_result_rows=args.max_result_rows,
+                          max_bytes_to_read=args.max_bytes_to_read)
+    unconfined = args.unconfined or os.environ.get("DPCH_ENGINE_UNCONFINED", "") == "1"
     cfg = GatewayConfig(data_dir=data_dir, backend_url=args.backend, backend_user=args.backend_user,
                         backend_password=password, max_body_bytes=args.max_body_bytes,
-                        body_timeout=args.body_timeout, access_log=args.access_log)
+                        body_timeout=args.body_timeout, access_log=args.access_log, limits=limits,
+                        unconfined=unconfined)
     from ..gateway.limits import HttpLimits
 
     lim = HttpLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,

@@ -12,6 +12,12 @@ Real ClickHouse codes are used where one fits. DPCH's own rejections use the ran
 | 9105 | DPCH_LEDGER_UNAVAILABLE | 500 | the ledger cannot be read or written: fail closed |
 | 9106 | DPCH_ENGINE_ERROR | 500 | the engine failed while running a charged query (the charge stays) |
 
+An engine limit (dpch.engine_worker.EngineLimits) breached by a statement is answered with
+ClickHouse's own code: 159 TIMEOUT_EXCEEDED (also when the gateway had to stop the engine worker at
+its deadline), 241 MEMORY_LIMIT_EXCEEDED, 158 TOO_MANY_ROWS, 396 TOO_MANY_ROWS_OR_BYTES (result
+rows), 307 TOO_MANY_BYTES (bytes read), 452 SETTING_CONSTRAINT_VIOLATION (a statement that names a
+limit). A DP query is charged before it runs, so its charge stays.
+
 Messages never carry data values or the catalog salt: controller messages name constructs only,
 and engine errors are reduced to their code and name.
 """
@@ -40,6 +46,15 @@ NOT_IMPLEMENTED = (48, "NOT_IMPLEMENTED", 501)
 UNSUPPORTED_METHOD = (1, "UNSUPPORTED_METHOD", 405)
 TOO_MANY_SIMULTANEOUS_QUERIES = (202, "TOO_MANY_SIMULTANEOUS_QUERIES", 503)
 UNKNOWN_EXCEPTION = (1002, "UNKNOWN_EXCEPTION", 500)
+# engine limits (dpch.engine_worker), keyed by the name ClickHouse puts at the end of its message
+ENGINE_LIMITS = {
+    "TIMEOUT_EXCEEDED": TIMEOUT,
+    "MEMORY_LIMIT_EXCEEDED": (241, "MEMORY_LIMIT_EXCEEDED", 500),
+    "TOO_MANY_ROWS": (158, "TOO_MANY_ROWS", 500),
+    "TOO_MANY_ROWS_OR_BYTES": (396, "TOO_MANY_ROWS_OR_BYTES", 500),
+    "TOO_MANY_BYTES": (307, "TOO_MANY_BYTES", 500),
+    "SETTING_CONSTRAINT_VIOLATION": (452, "SETTING_CONSTRAINT_VIOLATION", 400),
+}
 # DPCH range
 DPCH_QUERY_REJECTED = (9101, "DPCH_QUERY_REJECTED", 400)
 DPCH_BUDGET_EXCEEDED = (9102, "DPCH_BUDGET_EXCEEDED", 403)
@@ -86,6 +101,9 @@ def from_dpch(exc: BaseException) -> GatewayError:
         text = str(exc)
         code = _CODE_RE.search(text)
         names = _NAME_RE.findall(text)
+        if names and names[-1] in ENGINE_LIMITS:  # the limit's name only: the message may quote the query
+            return GatewayError(ENGINE_LIMITS[names[-1]], f"the query exceeded an engine limit ({names[-1]}); "
+                                "a charge made for it stays")
         detail = f"engine error {code.group(1) if code else '?'} {names[-1] if names else ''}".strip()
         return GatewayError(DPCH_ENGINE_ERROR, f"the engine failed to run the query ({detail})")
     if isinstance(exc, DPCHError):

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..engine_worker import EngineLimits
 from ..users import UserStore
 from . import formats
 from . import limits
@@ -58,6 +59,11 @@ class GatewayConfig:
     body_timeout: float = 10.0
     max_queued: int = 64
     access_log: str | None = None  # path, "-" for stderr; default <data dir>/access.log
+    # the embedded engine runs in a Landlock-confined worker process (dpch.engine_worker) under these
+    # limits (a user's record may override them); ``unconfined`` skips Landlock, explicitly and logged
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    unconfined: bool = False
+    engine_margin: float = 10.0  # seconds past max_execution_time before the worker is killed and restarted
 
 
 class Gateway:
@@ -78,7 +84,7 @@ class Gateway:
 
     # -- engine thread -----------------------------------------------------------------------
     def _open(self) -> None:
-        from ..backends import EmbeddedBackend, ServerBackend
+        from ..backends import ServerBackend
         from ..catalog import Catalog
         from ..ledger import Ledger
 
@@ -87,7 +93,16 @@ class Gateway:
         if cfg.backend_url:
             self.backend = ServerBackend(cfg.backend_url, user=cfg.backend_user, password=cfg.backend_password)
         else:
-            self.backend = EmbeddedBackend.open(cfg.data_dir)
+            from ..engine_worker import WorkerBackend
+
+            if cfg.unconfined:
+                log.warning("the engine worker runs UNCONFINED (--unconfined): an engine function that slips past "
+                            "the allow-list can read every file this user can, including the user store and ledger")
+            self.backend = WorkerBackend(cfg.data_dir, cfg.limits, confined=not cfg.unconfined,
+                                         margin=cfg.engine_margin)
+            log.info("engine worker pid %s: %s", self.backend.pid,
+                     f"Landlock ABI {self.backend.report['report']['abi']}" if self.backend.report["confined"]
+                     else "unconfined")
         self.ledger = Ledger(cfg.data_dir / "ledger.sqlite")  # verifies; fails the start if broken
         self.renderer = formats.Renderer(self.backend)
         self._catalog = Catalog(self.backend)
@@ -111,7 +126,10 @@ class Gateway:
 
         conn = self._conns.get(user)
         if conn is None:
-            conn = Connection(self.backend, analyst=user, data_dir=self.cfg.data_dir,
+            backend = self.backend
+            if hasattr(backend, "with_limits"):  # the engine worker: this analyst's limits
+                backend = backend.with_limits(lambda: self.cfg.limits.with_overrides(self.users.limits(user)))
+            conn = Connection(backend, analyst=user, data_dir=self.cfg.data_dir,
                               ledger_path=self.cfg.data_dir / "ledger.sqlite")
             self._conns[user] = conn
         return conn
