@@ -80,7 +80,12 @@ class _SemiJoins:
 
     def _public_semijoin(self, column: exp.Column, sub: exp.Select, inside: Mapping[str, TableEntry],
                          negated: bool) -> str:
-        """IN over public tables only: a filter that reads no protected row."""
+        """IN over public tables only: a filter that reads no protected row. One table: a join or
+        cross product of public tables has no size bound (13 copies of a small table kept the
+        engine busy for minutes), and its cost would be charged without an answer."""
+        if len(list(sub.find_all(exp.Table))) != 1:
+            raise _reject("a subquery over public tables in IN (SELECT ...) must read one table (no joins or "
+                          "cross products: their size has no bound); nothing ran and nothing was charged")
         inst, col = self._join_key(column, len(self.instances))
         for t in sub.find_all(exp.Table):
             db, _ = inside[t.alias or t.name].table.split(".", 1)

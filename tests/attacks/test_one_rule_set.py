@@ -191,3 +191,18 @@ def test_precheck_matches_the_charge_for_basic_composition(rdb):
     with pytest.raises(BudgetExceeded, match="Nothing was analysed"):
         conn.query(f"SELECT COUNT(*) AS n FROM {T}", epsilon=0.1)
     assert len(rdb.ledger.history("rules_exact")) == 3
+
+
+@pytest.mark.parametrize("sub", [
+    f"SELECT a.region FROM {PUB} a, {PUB} b, {PUB} c, {PUB} d",
+    f"SELECT a.region FROM {PUB} a CROSS JOIN {PUB} b",
+    f"SELECT a.region FROM {PUB} a JOIN {PUB} b ON a.region = b.region",
+])
+def test_public_subquery_joins_and_cross_products_are_refused_free(rdb, sub):
+    """A 13-way cross product of a public table inside IN (SELECT …) held the engine for minutes
+    (issue 27): a public subquery reads one table."""
+    conn, spy = _conn(rdb, "rules_rich3", 100.0)
+    with pytest.raises(QueryRejected, match="one table"):
+        conn.query(f"SELECT COUNT(*) AS n FROM {T} WHERE region IN ({sub})", epsilon=0.1)
+    assert not any("CROSS" in s.upper() or " b," in s for s in spy.seen if PUB in s)
+    assert rdb.ledger.history("rules_rich3") == []
