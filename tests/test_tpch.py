@@ -98,5 +98,7 @@ def test_tpch_through_the_cli(parquet, tmp_path):
     rows = q18 if isinstance(q18, list) else q18["rows"]
     assert len(rows) == 1 and set(rows[0]) == {"customers", "sum_qty"}
     explained = _cli("explain", by_name["Q4"].sql, "--epsilon", "1", data_dir=data)
-    assert "semi-join: `orders`.`o_orderkey` IN (SELECT `l_orderkey`" in explained
+    # (key, unit) pairs: an order is filtered by its own unit's lineitems only (DESIGN.md invariant 9)
+    assert "semi-join: (isNotNull(`orders`.`o_orderkey`) AND (`orders`.`o_orderkey`, `orders`.`o_custkey`) IN " \
+        "(SELECT __dp_s.`l_orderkey`" in explained
     assert "lineitem" not in explained.split("joined relation")[1].split("\n")[1]  # FROM orders: unit column
