@@ -19,6 +19,11 @@ MAX_QUERY_BYTES = 262_144
 MAX_QUERY_TOKENS = 50_000
 #: parenthesis nesting of one query, ClickHouse's ``max_parser_depth`` default
 MAX_QUERY_DEPTH = 1_000
+#: Σ (length of a whitespace run)² over a query: the router's trailing-FORMAT regex
+#: (``\s+FORMAT…$``, searched at every position) costs about that many steps, and holds the GIL
+#: while it runs; 2·10^7 is well under 1 s (a 20 000-space run took 10 s). Ordinary indentation
+#: (5 000 lines of 40 spaces: 8·10^6) stays below it.
+MAX_WHITESPACE_WORK = 20_000_000
 #: columns of an answer the gateway computes itself (constant SELECT, system.* tables, SHOW)
 MAX_RESULT_COLUMNS = 1_000
 #: cells (rows × columns) of such an answer
@@ -49,6 +54,7 @@ class HttpLimits:
 
 # one token: a quoted string/identifier (possibly unterminated), a word, or one other character.
 # The alternatives of each quoted form are disjoint, so the scan is linear.
+_SPACE = re.compile(r"\s{2,}")
 _TOKEN = re.compile(r"'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|`(?:[^`\\]|\\.)*`?|\w+|\S", re.S)
 
 
@@ -60,6 +66,10 @@ def check_query_text(sql: str, what: str = "query") -> None:
     if n > MAX_QUERY_BYTES:
         raise GatewayError(SYNTAX_ERROR, f"Max query size exceeded: the {what} has {n} bytes; "
                            f"the limit is {MAX_QUERY_BYTES}")
+    work = sum((m.end() - m.start()) ** 2 for m in _SPACE.finditer(sql))
+    if work > MAX_WHITESPACE_WORK:
+        raise GatewayError(SYNTAX_ERROR, f"the {what} has too much consecutive whitespace; shorten its runs of "
+                           "spaces and line breaks")
     tokens = depth = deepest = 0
     for m in _TOKEN.finditer(sql):
         tokens += 1

@@ -174,6 +174,17 @@ def _too_many_columns(n: int) -> None:
                            "columns without a table or from its system tables")
 
 
+def _number(text: str) -> int | float:
+    """A numeric literal: an integer if it is one Python converts (at most 4 300 digits), else a
+    float, as ClickHouse reads integers too long for its types as Float64."""
+    if re.fullmatch(r"\d+", text):
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    return float(text)
+
+
 def answer_constant_select(tree: exp.Select, ctx: Context) -> pd.DataFrame:
     for key, value in tree.args.items():
         if key not in ("expressions", "kind", "hint", "distinct", "limit", "exclude", "operation_modifiers") and value:
@@ -183,8 +194,7 @@ def answer_constant_select(tree: exp.Select, ctx: Context) -> pd.DataFrame:
     for item in tree.expressions:
         inner = item.this if isinstance(item, exp.Alias) else item
         if isinstance(inner, exp.Literal):
-            value = inner.this if inner.is_string else (int(inner.this) if re.fullmatch(r"\d+", inner.this)
-                                                        else float(inner.this))
+            value = inner.this if inner.is_string else _number(inner.this)
             label = inner.sql("clickhouse")
         else:
             fname = _meta_call_name(inner)
