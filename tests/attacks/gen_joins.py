@@ -382,11 +382,12 @@ def _join_tree(draw, q: _Q) -> None:
 def _per_unit(draw, q: _Q) -> None:
     """A per-unit pre-aggregation (GROUP BY a unit-determining column) as FROM, maybe joined."""
     shape = draw(st.integers(0, 4))
-    having = f" HAVING COUNT(*) > {draw(st.integers(0, 2))}" if draw(st.booleans()) else ""
-    where = f" WHERE ov < {draw(st.integers(10, 90))}" if draw(st.booleans()) else ""
+    having = draw(st.sampled_from(("", "", f" HAVING COUNT(*) > {draw(st.integers(0, 2))}", " HAVING SUM({v}) > 50",
+                                   " HAVING MAX({v}) / (COUNT(*) - 2) > 1", " HAVING MAX({v}) * 100000000 > 1")))
+    where = draw(st.sampled_from(("", f" WHERE ov < {draw(st.integers(10, 90))}", " WHERE ov * 100000000 > 1")))
     q.features.append(f"per_unit{shape}")
     if shape == 0:  # per customer over its orders, joined back to the customer
-        body = f"SELECT ock, COUNT(*) AS cnt, SUM(ov) AS sv FROM {{db}}.ord{where} GROUP BY ock{having}"
+        body = f"SELECT ock, COUNT(*) AS cnt, SUM(ov) AS sv FROM {{db}}.ord{where} GROUP BY ock{having.format(v='ov')}"
         join = draw(st.booleans())
         q.aliases = ["t", "c"] if join else ["t"]
         q.from_sql = f"({body}) t" + (" JOIN {db}.cust c ON c.ck = t.ock" if join else "")
@@ -396,11 +397,11 @@ def _per_unit(draw, q: _Q) -> None:
     elif shape == 1:  # TPC-H Q13: a LEFT JOIN counted per customer
         on = f" AND ov < {draw(st.integers(10, 90))}" if draw(st.booleans()) else ""
         body = (f"SELECT ck, COUNT(ok) AS cnt FROM {{db}}.cust LEFT JOIN {{db}}.ord ON ck = ock{on} "
-                f"GROUP BY ck{having}")
+                f"GROUP BY ck{having.format(v='cv')}")
         q.aliases = ["t"]
         q.from_sql = f"({body}) t"
     elif shape == 2:  # per order over its lineitems, joined to the order
-        body = f"SELECT lok, COUNT(*) AS cnt, MAX(lv) AS mx FROM {{db}}.li GROUP BY lok{having}"
+        body = f"SELECT lok, COUNT(*) AS cnt, MAX(lv) AS mx FROM {{db}}.li GROUP BY lok{having.format(v='lv')}"
         join = draw(st.booleans())  # joined to the order: refused today (docs/CONTROLLER.md "Joins")
         q.aliases = ["t", "o"] if join else ["t"]
         q.from_sql = f"({body}) t" + (" JOIN {db}.ord o ON o.ok = t.lok" if join else "")
@@ -411,7 +412,7 @@ def _per_unit(draw, q: _Q) -> None:
         q.aliases = ["t"]
         q.from_sql = f"({body}) t"
     else:  # a per-unit CTE joined to the customer and its returns
-        q.with_sql.append(f"t AS (SELECT ock, COUNT(*) AS cnt FROM {{db}}.ord{where} GROUP BY ock{having})")
+        q.with_sql.append(f"t AS (SELECT ock, COUNT(*) AS cnt FROM {{db}}.ord{where} GROUP BY ock{having.format(v='ov')})")
         q.aliases = ["t", "c"]
         q.from_sql = "t JOIN {db}.cust c ON c.ck = t.ock"
         if draw(st.booleans()):
@@ -432,7 +433,10 @@ def _semi_joins(draw, q: _Q) -> None:
                  f"o.ok IN (SELECT lok FROM {{db}}.li GROUP BY lok HAVING MAX(lv) / (COUNT(*) - 2) > 1)",
                  f"o.ock {neg}IN (SELECT ck FROM {{db}}.cust WHERE cv > {lim})",
                  f"o.ock {neg}IN (SELECT rck FROM {{db}}.ret)",
-                 f"o.ock {neg}IN (SELECT pk FROM {{db}}.pub)"]
+                 f"o.ock {neg}IN (SELECT pk FROM {{db}}.pub)",
+                 f"o.ok IN (SELECT lok FROM {{db}}.li GROUP BY lok HAVING MAX(lv) * 100000000 > {lim})",
+                 f"o.ok {neg}IN (SELECT lok FROM {{db}}.li WHERE lv * 100000000 > {lim})",
+                 f"{neg}EXISTS (SELECT * FROM {{db}}.ret WHERE rck = o.ock AND rv > {lim})"]
     if "c" in a:
         pool += [f"c.ck {neg}IN (SELECT ock FROM {{db}}.ord WHERE ov > {lim})",
                  f"{neg}EXISTS (SELECT * FROM {{db}}.ord WHERE ock = c.ck AND ov < {lim})",
@@ -459,7 +463,9 @@ def queries(draw) -> Query:
     _semi_joins(draw, q)
     vals = [f"{a}.{VALUES[a]}" for a in q.aliases if a in VALUES]
     if vals and draw(st.booleans()):
-        q.where.append(f"{draw(st.sampled_from(vals))} {draw(st.sampled_from(('<', '>')))} {draw(st.integers(0, 100))}")
+        scale = draw(st.sampled_from(("", "", "", " * 100000000")))  # Decimal arithmetic may overflow
+        q.where.append(f"{draw(st.sampled_from(vals))}{scale} {draw(st.sampled_from(('<', '>')))} "
+                       f"{draw(st.integers(0, 100))}")
     # GROUP BY: public keys (cust.cg when declared, nat.nname, pub.plabel) or private ones
     keys = []
     cands = [k for k, al in (("c.cg", "c"), ("n.nname", "n"), ("p.plabel", "p"), ("o.og", "o"), ("l.lg", "l"))
