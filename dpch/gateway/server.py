@@ -301,7 +301,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                 body = await _read_body(request, cfg)
                 try:
                     req = parse(json.loads(body.decode("utf-8")))
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                except (UnicodeDecodeError, ValueError, RecursionError):  # bad JSON, nesting, huge ints
                     raise GatewayError(CANNOT_PARSE_INPUT, "the body is not a JSON object") from None
                 out = await gw.on_engine(lambda: run(gw.connection(user), req))
                 dataset, eps, dlt, rows = dataset_and_epsilon(req, out)

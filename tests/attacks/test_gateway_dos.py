@@ -354,3 +354,12 @@ def test_slow_headers_are_cut_off(gw):
             assert cut, "the server kept a connection whose headers never ended"
         finally:
             s.close()
+
+
+def test_json_bodies_that_break_the_decoder(gw):
+    """Nesting past the recursion limit and integers past Python's digit limit: a parse error (27),
+    not an internal error."""
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"dataset": "demo.purchases", "max_positives": ' + b"9" * 5000 + b"}"):
+        r = httpx.post(gw["url"] + "/dpch/svt", content=body, auth=AUTH, timeout=60,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and _code(r) == "27", r.text[:200]
