@@ -179,7 +179,9 @@ def _key_ids(draw, family: str, n: int) -> list[int]:
 def _value(draw, extreme: bool):
     if extreme and draw(st.booleans()):
         return draw(st.sampled_from((SECRET_VALUE, -SECRET_VALUE)))
-    return draw(st.one_of(st.integers(0, 100), st.none() if draw(st.integers(0, 9)) == 0 else st.integers(0, 100)))
+    if draw(st.integers(0, 9)) == 0:
+        return None  # NULL in a Nullable value column, 0 otherwise
+    return draw(st.integers(0, 100))
 
 
 def _fits(t: ColType, kid):
@@ -412,7 +414,8 @@ def _per_unit(draw, q: _Q) -> None:
         q.aliases = ["t"]
         q.from_sql = f"({body}) t"
     else:  # a per-unit CTE joined to the customer and its returns
-        q.with_sql.append(f"t AS (SELECT ock, COUNT(*) AS cnt FROM {{db}}.ord{where} GROUP BY ock{having.format(v='ov')})")
+        q.with_sql.append(f"t AS (SELECT ock, COUNT(*) AS cnt FROM {{db}}.ord{where} "
+                          f"GROUP BY ock{having.format(v='ov')})")
         q.aliases = ["t", "c"]
         q.from_sql = "t JOIN {db}.cust c ON c.ck = t.ock"
         if draw(st.booleans()):
@@ -511,5 +514,6 @@ def scenarios(min_queries: int, max_queries: int):
     @st.composite
     def _s(draw):
         s = draw(schemas())
-        return Scenario(s, draw(datasets(s)), tuple(draw(st.lists(queries(), min_size=min_queries, max_size=max_queries))))
+        qs = draw(st.lists(queries(), min_size=min_queries, max_size=max_queries))
+        return Scenario(s, draw(datasets(s)), tuple(qs))
     return _s()

@@ -32,12 +32,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 
 from dpch.controller import prepare
@@ -225,8 +223,8 @@ def check_query(db, sc: g.Scenario, q: g.Query, names: Names, stats: Counter) ->
 
 
 def _report(sc: g.Scenario, q: g.Query, v: Violation) -> str:
-    return (f"{v.kind}\n  query: {q.sql}  (delta={q.delta}, options={dict(q.options)})\n  schema: {sc.schema.describe()}"
-            f"\n  data: {sc.data.summary()}\n  {v.detail}")
+    return (f"{v.kind}\n  query: {q.sql}  (delta={q.delta}, options={dict(q.options)})"
+            f"\n  schema: {sc.schema.describe()}\n  data: {sc.data.summary()}\n  {v.detail}")
 
 
 def run_scenario(db, sc: g.Scenario, stats: Counter, collect: list | None) -> None:
