@@ -8,49 +8,16 @@ query text (which holds the secret salt), and DPCH error messages never contain 
 """
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from .engine import sanitize_error
 from .errors import BackendError
 
 if TYPE_CHECKING:
     from .backends import Formatted
     from .rewrite import Rewritten
-
-_CODE_RE = re.compile(r"Code:\s*(\d+)")
-_NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]{3,})\)")
-
-_HINTS = {
-    "UNKNOWN_FUNCTION": "a DPCH function is missing on the engine: deploy clickhouse_config (UDF XML and "
-                        "SQL functions) on the server",
-    "TIMEOUT_EXCEEDED": "the query took too long",
-    "MEMORY_LIMIT_EXCEEDED": "the query ran out of memory",
-    "UNKNOWN_TABLE": "the catalogued table does not exist any more; re-create it or drop it from the catalog",
-    "UNKNOWN_IDENTIFIER": "a catalogued column does not exist any more; re-register the table",
-    "ACCESS_DENIED": "the ClickHouse user may not read this table or call the DPCH functions",
-    "READONLY": "the ClickHouse user is read-only and may not change settings",
-}
-
-
-def sanitize_error(message: str) -> str:
-    """ClickHouse error code and name only (plus a hint for common causes)."""
-    code = _CODE_RE.search(message)
-    names = _NAME_RE.findall(message)
-    name = names[-1] if names else None
-    parts = []
-    if code:
-        parts.append(f"ClickHouse error code {code.group(1)}")
-    if name:
-        parts.append(f"({name})")
-    text = " ".join(parts) if parts else "ClickHouse raised an error"
-    if name in _HINTS:
-        text += f": {_HINTS[name]}"
-    elif "dpch-udf" in message or "Child process" in message or "executable" in message.lower():
-        text += ": the noise UDF program failed (see the engine's log)"
-    return text
-
 
 def execute(backend, rewritten: Rewritten) -> pd.DataFrame:
     """Run ``rewritten.sql``; raise BackendError with a sanitised message on failure."""

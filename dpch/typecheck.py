@@ -19,27 +19,9 @@ from collections import OrderedDict
 from typing import Sequence
 
 from .bind import BoundQuery, sql_of
-from .catalog import TableEntry, quote_ident, quote_string
+from .catalog import TableEntry
 from .errors import QueryRejected
-from .execute import sanitize_error
-
-# Settings of every rewritten query: no short-circuit evaluation (the cost of WHERE and of
-# conditions does not depend on which rows match), Decimal overflow does not throw, and a CAST of a
-# NULL (which the total forms produce) stays NULL instead of throwing; if/CASE branches of different
-# types get a classic supertype or a type error, never a Variant (whose conversions the totality
-# rules do not cover: CAST of a Variant holding NaN to an integer throws); no query condition cache
-# (it skips granules where an earlier run matched no row, so the time of a repeated WHERE would
-# tell whether unit 42's rows match it).
-QUERY_SETTINGS = ("short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0, "
-                  "cast_keep_nullable = 1, use_variant_as_common_type = 0, use_query_condition_cache = 0")
-
-
-def with_settings(sql: str, extra: dict[str, str] | None = None) -> str:
-    """``sql`` with a SETTINGS clause: QUERY_SETTINGS, then ``extra`` (names and values validated
-    by the caller; values are quoted here)."""
-    more = "".join(f", {k} = {quote_string(v)}" for k, v in (extra or {}).items())
-    return f"{sql}\nSETTINGS {QUERY_SETTINGS}{more}"
-
+from .engine import QUERY_SETTINGS, default_row_sql, sanitize_error, with_settings  # noqa: F401 - re-exported
 
 def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected:
     return QueryRejected(f"{what} on the schema of {entry.table}: {sanitize_error(str(exc))}. The query was "
@@ -66,16 +48,6 @@ def _describe(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
         raise _schema_error(entry, exc, "the query does not type-check") from None
     by_name = dict(zip(df["name"], df["type"]))
     return [str(by_name[f"__dp_t{i}"]) for i in range(len(sqls))]
-
-
-def default_row_sql(entry: TableEntry) -> str:
-    """A one-row subquery with the table's registered columns at their types' default values.
-    materialize(): the columns are not constants, as a table's are not; otherwise ClickHouse folds
-    expressions over them while it analyses the query, and an error the real columns would raise
-    then (a String compared with a Date, a time zone that is not constant) goes unseen."""
-    cols = ", ".join(f"materialize(defaultValueOfTypeName({quote_string(t)})) AS {quote_ident(c)}"
-                     for c, t in entry.columns.items())
-    return f"(SELECT {cols})"
 
 
 def row_expressions(bound: BoundQuery) -> list[str]:

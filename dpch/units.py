@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .catalog import TableEntry
+from .catalog_model import TableEntry
 from .errors import CatalogError
 
 Lookup = Callable[[str], "TableEntry | None"]

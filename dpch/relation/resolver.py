@@ -10,6 +10,7 @@ from types import MappingProxyType
 from sqlglot import exp
 
 from ..catalog import MAX_PUBLIC_KEYS, TableEntry, quote_ident
+from ..engine import sanitize_error
 from ..errors import CatalogError, QueryRejected
 from ..units import unit_path
 from .chains import Chain, unit_chain
@@ -430,8 +431,6 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
         try:
             df = self.backend.query_df(f"DESCRIBE TABLE (\n{relation}\n)")
         except Exception as exc:  # noqa: BLE001 - analysed only, reads no row
-            from ..execute import sanitize_error  # local, like the imports in _total
-
             raise _reject(f"the joined tables do not fit together: {sanitize_error(str(exc))}; nothing ran and "
                           "nothing was charged") from None
         return {str(r.name): str(r.type) for r in df.itertuples(index=False)}

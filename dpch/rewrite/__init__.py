@@ -49,10 +49,11 @@ from __future__ import annotations
 from typing import Callable
 
 from ..catalog import TableEntry
+from ..engine import default_row_sql
 from ..plan import Plan
 from ..relation.syntax import RELATION_PLACEHOLDER
-from ..typecheck import default_row_sql
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
+from .probe import swap_tables
 from .rewriter import _Rewriter
 
 __all__ = ["SALT_PLACEHOLDER", "UNIT_SALT_PLACEHOLDER", "Rewritten", "_Rewriter", "rewrite", "rewrite_for_sensitivity_check",
@@ -83,8 +84,6 @@ def rewrite_probe(plan: Plan, probe_of: Callable[[str], str] | None = None) -> R
     entry = plan.entry
     if probe_of is None or type(entry) is TableEntry:
         return _Rewriter(plan, noise=False, selection=True, table=default_row_sql(entry)).build()
-    from ..probe_db import swap_tables  # dpch.probe_db imports this package
-
     table = (f"(SELECT * FROM {swap_tables(entry.table_sql, probe_of)}\nUNION ALL\n"
              f"SELECT * FROM {default_row_sql(entry)}) AS {RELATION_PLACEHOLDER}")
     return _Rewriter(plan, noise=False, selection=True, table=table).build()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..typecheck import with_settings
+from ..engine import with_settings
 
 SALT_PLACEHOLDER = "/*<secret salt>*/"
 

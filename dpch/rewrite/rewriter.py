@@ -3,7 +3,7 @@ first)."""
 from __future__ import annotations
 
 from ..plan import Plan
-from ..typecheck import with_settings
+from ..engine import with_settings
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
 from .bounding import BoundingStages
 from .release import ReleaseStages
