@@ -35,10 +35,12 @@ from .execute import execute, execute_formatted
 from .parse import ParsedQuery, parse
 from .plan import Plan, QueryOptions, check_budget_args, make_plan
 from .postprocess import postprocess
-from .relation import RELATION_PLACEHOLDER, needs_unit_chain, resolve, split_from
+from .relation import RELATION_PLACEHOLDER, split_from
+from .relation.resolver import needs_unit_chain, resolve
+from .relation.services import RelationServices
 from .probe_db import check_before_charge
 from .rewrite import Rewritten, rewrite
-from .totality import make_total, make_total_templates
+from .totality import make_total, make_total_expressions, make_total_templates
 from .typecheck import expression_types
 from .units import unit_path
 
@@ -156,8 +158,19 @@ def _relation(conn, parsed: ParsedQuery) -> tuple[ParsedQuery, Any]:
             return parsed, entry
         spec, flat = split_from(parsed.select)
         parsed = replace(parsed, select=flat, database=None, table=RELATION_PLACEHOLDER, alias=None, sources=spec)
-    flat, entry = resolve(parsed.sources, parsed.select, conn.catalog, conn.backend)
+    flat, entry = resolve(parsed.sources, parsed.select, conn.catalog, _relation_services(conn.backend))
     return replace(parsed, select=flat), entry
+
+
+def _relation_services(backend) -> RelationServices:
+    """The engine reads and later stages the relation stage may call (it imports neither)."""
+    def types(entry, sqls):
+        return expression_types(backend, entry, sqls)
+
+    def total(roots, entry):
+        return make_total_expressions(roots, entry, lambda sqls: expression_types(backend, entry, sqls))
+
+    return RelationServices(query_df=backend.query_df, expression_types=types, total_expressions=total)
 
 
 def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from .errors import QueryRejected
 from .function_rules import check_functions
-from .relation import FromSpec, needs_relation, split_from
+from .relation.syntax import FromSpec, needs_relation, split_from
 
 DIALECT = "clickhouse"
 MAX_QUERY_LENGTH = 100_000

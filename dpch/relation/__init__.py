@@ -37,10 +37,14 @@ The package, by what each module does:
 - ``semijoins``: ``IN (SELECT …)`` / ``EXISTS`` filters, and the HAVING rules of per-key subqueries;
 - ``per_unit``: per-unit aggregate subqueries (GROUP BY a column that determines the unit);
 - ``resolver``: resolve and the resolver (tables, columns, the join graph, the relation's SQL and
-  entry), and needs_unit_chain.
+  entry), and needs_unit_chain;
+- ``services``: RelationServices, the engine reads and later-stage callables the controller passes in
+  (the package imports no later stage: docs/ARCHITECTURE.md).
+
+The resolver is imported as ``dpch.relation.resolver`` (the controller's import), not from here, so
+that dpch.parse, which imports ``dpch.relation.syntax``, does not load it.
 """
 from .model import UNIT_COLUMN, DerivedEntry, JoinedEntry
-from .resolver import PUBLIC_KEY_LIMIT, needs_unit_chain, resolve
 from .syntax import MAX_JOINED_TABLES, RELATION_PLACEHOLDER, FromSpec, SemiJoin, Source, needs_relation, split_from
 
 __all__ = [

@@ -30,7 +30,7 @@ class _PerUnitSubqueries:
         if key is not None:
             raise _reject(f"the aggregate subquery {src.alias}: {key.upper()} is not supported there")
         spec, flat = split_from(sub)
-        inner = type(self)(spec, self.catalog, self.backend)  # a _Resolver
+        inner = type(self)(spec, self.catalog, self.services)  # a _Resolver
         flat, rel = inner.resolve(flat)
         flat = _finish(flat, inner.names)
         if rel.privacy_unit is None:

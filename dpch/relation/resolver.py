@@ -18,6 +18,7 @@ from .keys import check_key_types
 from .model import UNIT_COLUMN, DerivedEntry, JoinedEntry, _finish, _Instance, _marked, _marker
 from .per_unit import _PerUnitSubqueries
 from .semijoins import _SemiJoins
+from .services import RelationServices
 from .syntax import FromSpec, Source, _conjuncts, _reject, unsupported_clause
 
 PUBLIC_KEY_LIMIT = min(MAX_PUBLIC_KEYS, 10_000)
@@ -27,8 +28,8 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
     """Resolves one FromSpec against the catalog: its instances, join graph, semi-joins and
     per-unit subqueries, then the relation's SQL and entry (resolve() puts them together)."""
 
-    def __init__(self, spec: FromSpec, catalog, backend):
-        self.spec, self.catalog, self.backend = spec, catalog, backend
+    def __init__(self, spec: FromSpec, catalog, services: RelationServices):
+        self.spec, self.catalog, self.services = spec, catalog, services
         self.instances: list[_Instance] = []
         self.extra_where: list[exp.Expression] = []
         self.used: dict[tuple[str, str], None] = {}  # (alias, column) the query reads, in order (a set)
@@ -305,12 +306,7 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
                 inst.filters = self._total(inst.entry, [(f"LEFT JOIN {inst.alias} ON", f) for f in inst.filters])
 
     def _total(self, entry: TableEntry, roots: list[tuple[str, exp.Expression]]) -> list[exp.Expression]:
-        # local imports: dpch.parse imports this package, and totality and typecheck import bind,
-        # which imports parse (an import cycle at the top of the module)
-        from ..totality import make_total_expressions
-        from ..typecheck import expression_types
-
-        return make_total_expressions(roots, entry, lambda sqls: expression_types(self.backend, entry, sqls))
+        return self.services.total_expressions(roots, entry)
 
     def _unit_source(self) -> _Instance:
         kept = [i for i in self.instances if i.protected and i.side in ("from", "inner")]
@@ -429,7 +425,7 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
 
     def _describe(self, relation: str) -> dict[str, str]:
         try:
-            df = self.backend.query_df(f"DESCRIBE TABLE (\n{relation}\n)")
+            df = self.services.query_df(f"DESCRIBE TABLE (\n{relation}\n)")
         except Exception as exc:  # noqa: BLE001 - analysed only, reads no row
             raise _reject(f"the joined tables do not fit together: {sanitize_error(str(exc))}; nothing ran and "
                           "nothing was charged") from None
@@ -497,16 +493,17 @@ class _Resolver(_SemiJoins, _PerUnitSubqueries):
     def _public_domain(self, entry: TableEntry, column: str) -> tuple | None:
         """The distinct values of a public table's column (public data), or None if too many."""
         col = quote_ident(column)
-        df = self.backend.query_df(f"SELECT DISTINCT {col} AS v FROM {entry.table_sql} ORDER BY v "
+        df = self.services.query_df(f"SELECT DISTINCT {col} AS v FROM {entry.table_sql} ORDER BY v "
                                    f"LIMIT {PUBLIC_KEY_LIMIT + 1}")
         vals = [None if v != v else (v.item() if hasattr(v, "item") else v) for v in df["v"]]  # NaN/NA -> None
         return tuple(vals) if len(vals) <= PUBLIC_KEY_LIMIT else None
 
 
-def resolve(spec: FromSpec, tree: exp.Select, catalog, backend) -> tuple[exp.Select, JoinedEntry]:
+def resolve(spec: FromSpec, tree: exp.Select, catalog,
+            services: RelationServices) -> tuple[exp.Select, JoinedEntry]:
     """The single-relation form of a query: (tree over ``__dp_rel`` with derived column names,
     the relation's entry). Raises QueryRejected; reads only public tables and the schema."""
-    r = _Resolver(spec, catalog, backend)
+    r = _Resolver(spec, catalog, services)
     outer, entry = r.resolve(tree)
     return _finish(outer, r.names), entry
 

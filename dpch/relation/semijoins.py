@@ -43,9 +43,7 @@ class _SemiJoins:
         return self._protected_semijoin(column, sub, inside, s.negated)
 
     def _types(self, entry: TableEntry, sqls: list[str]) -> list[str]:
-        from ..typecheck import expression_types  # local: typecheck imports bind, which imports parse
-
-        return expression_types(self.backend, entry, sqls)
+        return self.services.expression_types(entry, sqls)
 
     def _is_inner(self, col: exp.Column, inside: Mapping[str, TableEntry]) -> bool:
         if col.table:
