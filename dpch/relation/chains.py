@@ -2,10 +2,13 @@
 
 Every protected instance of a joined relation gets its own chain (DESIGN.md invariant 9): the
 ``LEFT ANY JOIN``s from the instance's reference column to the table that holds the unit, each
-with a match marker. ``LEFT ANY``: at most one referenced row per row, so a chain never multiplies
-rows even if a key stopped being unique; the marker drops rows whose reference dangles (an orphan
-never takes a unit). The unit of a row is then a function of its reference column alone (each hop
-keeps one row per key), which lets a semi-join attach the unit after grouping by that column.
+with a match marker. Each hop reads only the keys that occur ONCE in the referenced table: a key
+that stopped being unique (a duplicate inserted after registration) gives its rows no unit, so they
+are dropped rather than attributed to whichever duplicate a join would pick (an ``ANY`` join picked
+one by storage order: removing one unit then moved the rows of another; found by the generative
+test, tests/attacks/test_join_generative_cases.py). The marker drops rows whose reference dangles
+or is ambiguous (an orphan never takes a unit). The unit of a row is then a function of its
+reference column alone, which lets a semi-join attach the unit after grouping by that column.
 """
 from __future__ import annotations
 
@@ -39,7 +42,9 @@ def unit_chain(path: UnitPath, start: str, prefix: str, entry) -> Chain:
         alias = f"{prefix}{h}"
         key = quote_ident(hop.key)
         unit = quote_ident(path.column if h == len(path.hops) - 1 else path.hops[h + 1].column)
-        joins.append(f"LEFT ANY JOIN (SELECT {key}, {unit}, toUInt8(1) AS __dp_m FROM {hop.table.table_sql}) "
+        # keys that occur once: any() is then the one row's value (an ambiguous key takes no unit)
+        joins.append(f"LEFT ANY JOIN (SELECT {key}, any({unit}) AS {unit}, toUInt8(1) AS __dp_m "
+                     f"FROM {hop.table.table_sql} GROUP BY {key} HAVING count() = 1) "
                      f"AS {alias} ON {prev}.{quote_ident(hop.column)} = {alias}.{key}")
         matched.append(f"{alias}.__dp_m = 1")
         prev, prev_entry = alias, hop.table

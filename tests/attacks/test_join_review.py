@@ -212,11 +212,13 @@ def test_minimal_case_counts_only_the_units_own_rows(jrdb):
 
 
 def test_duplicated_key_moves_no_rows_between_units(jrdb):
-    """dlineitem's 20 rows of key 0 pair with 21 orders of key 0 (21 customers); each keeps only
-    the tuples whose parts agree on its unit, so only one unit counts them (≤ M = 10), not 21."""
+    """dlineitem's 20 rows of key 0 pair with 21 orders of key 0 (21 customers). Key 0 is no longer
+    a key, so dlineitem's reference chain gives those rows no unit (a hop reads only keys that
+    occur once) and no tuple keeps them: 0, not 21 units' worth (nor one unit's M = 10 under the
+    ANY join that picked a duplicate by storage order)."""
     sql = "SELECT COUNT(*) AS n FROM jr.dlineitem l JOIN jr.dorders o ON l.lok = o.ok WHERE l.lok = 0"
     plan = prepare(jrdb, sql, epsilon=1.0).plan
     rw = rewrite_for_sensitivity_check(plan)
     count = next(q for q in plan.quantities if q.kind == "rows")
     n = int(jrdb.raw_query(rw.sql)[rw.internal_columns[count.index]].sum())
-    assert n == 10, n
+    assert n == 0, n
