@@ -7,6 +7,8 @@
 `connect`/`Connection` are imported lazily: the UDF program imports `dpch.calibration` in every
 pool process, and must not pay for pandas and chDB at start-up.
 """
+import importlib
+
 from .errors import (BackendError, BudgetExceeded, CatalogError, DPCHError, InvalidParameter,
                      LedgerError, QueryRejected)
 
@@ -17,7 +19,6 @@ __all__ = ["connect", "Connection", "DPCHError", "InvalidParameter", "QueryRejec
 
 def __getattr__(name: str):
     if name in ("connect", "Connection"):
-        from . import connection
-
-        return getattr(connection, name)
+        # importlib, not ``from . import``: the facade depends on nothing statically (no import cycle)
+        return getattr(importlib.import_module("dpch.connection"), name)
     raise AttributeError(f"module 'dpch' has no attribute {name!r}")

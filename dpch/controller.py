@@ -363,9 +363,9 @@ def _top_k_line(t: dict) -> str:
 
 
 def explain_prepared(prepared: Prepared) -> Explanation:
-    from .accelerate import projection_hint
-    from .postprocess import mechanism_name, thesis_facts
     from .plan.top_k import top_k_facts
+    from .postprocess import mechanism_name, thesis_facts
+    from .rewrite.projection import projection_hint
 
     plan = prepared.plan
     quantities = []

@@ -3,6 +3,7 @@ that makes the truncated release really ε-DP (issue 16)."""
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -395,7 +396,7 @@ class BoundedLaplaceMechanism:
 
     def sample(self, value: float, n: int = 1):
         """``n`` releases for the value by the kernel (the UDF's code path)."""
-        from dpch import _noise
+        _noise = importlib.import_module("dpch._noise")  # not ``from dpch import``: no import of the package
 
         return _noise.bounded_laplace_release([float(value)] * int(n), self.scale, self.lo, self.hi)
 

@@ -2,6 +2,7 @@
 (issue 16)."""
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -181,7 +182,7 @@ class MixedNoiseMechanism:
 
     def sample(self, value: float, n: int = 1):
         """``n`` releases by the kernel (dpch_gaussian or dpch_laplace)."""
-        from dpch import _noise
+        _noise = importlib.import_module("dpch._noise")  # not ``from dpch import``: no import of the package
 
         vals = [float(value)] * int(n)
         if self.uses_gaussian:

@@ -2,6 +2,7 @@
 peeling top-n (Dwork–Roth §3.4; McKenna & Sheldon 2020; issue 15)."""
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -79,7 +80,7 @@ class ExponentialMechanism:
 
     def sample(self, scores, n: int = 1):
         """``n`` independent choices (indices into ``scores``)."""
-        from dpch import _noise
+        _noise = importlib.import_module("dpch._noise")  # not ``from dpch import``: no import of the package
 
         return _noise.permute_and_flip(scores, self.t, self.s, n)
 
@@ -191,7 +192,7 @@ class QuantileMechanism:
 
     def sample(self, keys, counts, buckets: int, alphas: list[float], n: int = 1) -> list[list[int]]:
         """``n`` independent releases by the kernel (sparse histogram: ascending ``keys``)."""
-        from dpch import _noise
+        _noise = importlib.import_module("dpch._noise")  # not ``from dpch import``: no import of the package
 
         return _noise.quantile_buckets(keys, counts, buckets, alphas, self.epsilon, self.rows, n)
 
@@ -280,7 +281,7 @@ class TopKMechanism:
 
     def sample(self, scores, draws: int = 1) -> list[list[int]]:
         """``draws`` independent releases by the kernel (the UDF's code path)."""
-        from dpch import _noise
+        _noise = importlib.import_module("dpch._noise")  # not ``from dpch import``: no import of the package
 
         return _noise.top_k(scores, self.n, self.epsilon, self.sensitivity, draws)
 
