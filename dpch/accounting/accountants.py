@@ -17,6 +17,9 @@ class Accountant:
     name = ""
     source = ""
     supports_settlement = False  # a posteriori (ODP) refunds: only under simple composition
+    # the names of the accountants that support settlement, for the message below: set by
+    # dpch.accounting.registry, which imports the accountants (never the reverse)
+    settlement_names: tuple[str, ...] = ()
 
     # -- configuration ----------------------------------------------------------------------
     def validate(self, budget: Budget) -> Budget:
@@ -130,10 +133,9 @@ class Accountant:
             return "the reserved and effective histories differ in length"
         settled = sum(1 for c, r in zip(costs, reserved) if c is not r and c != r)
         if settled:
-            from .registry import ACCOUNTANTS  # the registry holds every accountant, this one too
             return (f"{settled} charge(s) were settled a posteriori (output DP); realised ε composes only under "
                     f"simple composition (odp_privacy_accounting.md Thm 7): accountants "
-                    f"{', '.join(n for n, a in ACCOUNTANTS.items() if a.supports_settlement)}")
+                    f"{', '.join(self.settlement_names)}")
         return None
 
 

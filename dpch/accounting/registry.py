@@ -12,6 +12,7 @@ ACCOUNTANTS: dict[str, Accountant] = {
     a.name: a for a in (PureAccountant(), BasicAccountant(), AdvancedAccountant(), OptimalAccountant(),
                         AdaptiveAccountant(), PaperGaussianAccountant(), ZcdpAccountant(), OdpAccountant())
 }
+Accountant.settlement_names = tuple(n for n, a in ACCOUNTANTS.items() if a.supports_settlement)
 
 
 def get_accountant(name: str) -> Accountant:
