@@ -21,7 +21,9 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/dpch demo
 
+# lint-imports: the layer contracts of pyproject.toml (docs/ARCHITECTURE.md); a violation fails first
 test: install
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -q
 
 # Generative D/D' test of the join grammar (issue 26), much longer than in make test and with fresh

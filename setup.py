@@ -58,8 +58,10 @@ setup(
         # gets exactly this extra's requirements and not the controller's (chDB, pandas, scikit-learn,
         # matplotlib, ...). Keep this list in step with the Dockerfile.
         "udf": [],
+        # tpchgen-cli: tests/test_tpch.py generates SF 0.01; import-linter (and its grimp): the layer
+        # contracts of pyproject.toml (`lint-imports` in make test) and tests/test_architecture.py
         "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27",
-                 "tpchgen-cli>=4.0"],  # tests/test_tpch.py generates SF 0.01
+                 "tpchgen-cli>=4.0", "import-linter>=2.1"],
         "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
         # bench/bench_tpch.py: the TPC-H data generator (writes Parquet; no other dependency)
         "tpch": ["tpchgen-cli>=4.0"],
