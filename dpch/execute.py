@@ -17,7 +17,7 @@ from .errors import BackendError
 
 if TYPE_CHECKING:
     from .backends import Formatted
-    from .rewrite import Rewritten
+    from .results import Rewritten
 
 def execute(backend, rewritten: Rewritten) -> pd.DataFrame:
     """Run ``rewritten.sql``; raise BackendError with a sanitised message on failure."""

@@ -21,8 +21,8 @@ from sqlglot.errors import ParseError, TokenError
 from .errors import QueryRejected
 from .function_rules import check_functions
 from .relation.syntax import FromSpec, needs_relation, split_from
+from .sql_ast import DIALECT
 
-DIALECT = "clickhouse"
 MAX_QUERY_LENGTH = 100_000
 
 # Select arguments we understand; anything else set on the Select node is rejected.

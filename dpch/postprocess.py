@@ -34,7 +34,7 @@ from .mechanisms.bounded_laplace import GroupedBoundedLaplace
 from .mechanisms.intervals import POPULATION_MEAN_CI, population_mean_interval
 from .plan import AggregatePlan, Plan, Quantity
 from .plan.top_k import top_k_facts
-from .rewrite import Rewritten
+from .results import Rewritten
 
 
 def _halfwidth_value(q: Quantity, level: float) -> float:

@@ -33,11 +33,12 @@ from typing import Callable, Sequence
 
 from sqlglot import exp
 
-from .bind import BoundQuery, sql_of
+from .bind import BoundQuery
 from .catalog import base_type
 from .errors import QueryRejected
 from .function_rules import FUNCTION_RULES, Rule, func_name
 from .function_rules import rule_name as _name
+from .sql_ast import sql_of
 
 TypesOf = Callable[[Sequence[str]], list[str]]
 

@@ -18,10 +18,11 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
-from .bind import BoundQuery, sql_of
+from .bind import BoundQuery
 from .catalog import TableEntry
-from .errors import QueryRejected
 from .engine import QUERY_SETTINGS, default_row_sql, sanitize_error, with_settings  # noqa: F401 - re-exported
+from .errors import QueryRejected
+from .sql_ast import sql_of
 
 def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected:
     return QueryRejected(f"{what} on the schema of {entry.table}: {sanitize_error(str(exc))}. The query was "

@@ -3,11 +3,11 @@ chooses each unit's groups and rows, contribution bounding, and the native aggre
 See the package docstring (dpch/rewrite/__init__.py) and docs/PERFORMANCE.md."""
 from __future__ import annotations
 
-from ..bind import sql_of
 from ..catalog import base_type, is_integer_type, is_nullable, quote_ident
 from ..mechanisms import QUANTILE_BUCKETS
 from ..plan import Quantity
 from ..plan.selection import unit_weight_sql
+from ..sql_ast import sql_of
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, _indent, _packed_row, _unpack_count, _unpack_sum
 
 

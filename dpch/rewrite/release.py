@@ -3,10 +3,11 @@ JOIN, private partition selection (drawn first), peeling top-n, the noise UDF ca
 values (post-processing of the noisy quantities) and the analyst's outer query."""
 from __future__ import annotations
 
-from ..bind import aggregate_refs, sql_of
+from ..bind import aggregate_refs
 from ..catalog import quote_ident
 from ..mechanisms import QUANTILE_BUCKETS
 from ..plan import Quantity, float_literal
+from ..sql_ast import sql_of
 from .base import _indent
 
 
