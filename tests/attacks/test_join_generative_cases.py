@@ -90,11 +90,13 @@ CASES = [
 # Found by the generator (make fuzz, run 4): an order key of the removed unit 1 duplicated after
 # registration by an order of unit 2, in its own MergeTree part. The reference chain of li
 # (``ANY`` join on ord.ok) attributes unit 1's lineitems of order 10 to unit 2, so removing unit 1
-# (with every row reached from it) moves unit 2's contribution too: two groups move at k = 1.
+# (with every row reached from it) moved unit 2's contribution too: two groups moved at k = 1
+# (un-noised distinct units per group: D {p: 1, q: 1}, D′ {}; declared L1 = k = 1). Fixed in b7aa423
+# (reference chains read only keys that occur once).
 _DUP_MOVES = data(cust=[(1, 5, "a", 0), (2, 5, "a", 0)], ord_=[(10, 1, 5, "x"), (11, 1, 5, "x")],
                   li=[(10, 5, "p")] * 3 + [(11, 5, "q")] * 3, dup=[(10, 2, 5, "y")], target=1)
-# Which order ANY picks varies from one execution to the next (measured: the dup's in 19 of 20
-# runs), so these cases run REPEAT times: a defect is missed with probability about 0.05^5 < 1e-6.
+# Which order ANY picked varied from one execution to the next (measured before the fix: the
+# duplicate in 19 of 20 runs), so these cases run REPEAT times: a defect is missed with probability about 0.05^5 < 1e-6.
 FOUND = [
     pytest.param(schema(engine="MergeTree"), _DUP_MOVES,
                  q("SELECT l.lg AS g0, COUNT(*) AS a0 FROM {db}.li l GROUP BY g0", 1e-6),
