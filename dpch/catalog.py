@@ -138,10 +138,12 @@ class Catalog:
         return entries
 
     def _invalidate(self) -> None:
-        try:
-            self.backend._dpch_catalog_cache = None
-        except AttributeError:  # pragma: no cover - backends are plain objects
-            pass
+        # under the load lock: a load that read the table before this write cannot store its stale copy after
+        with _backend_lock(self.backend):
+            try:
+                self.backend._dpch_catalog_cache = None
+            except AttributeError:  # pragma: no cover - backends are plain objects
+                pass
 
     def _load(self) -> dict[str, TableEntry]:
         cached = self._cache()
@@ -402,6 +404,10 @@ _LOCKS_GUARD = threading.Lock()
 
 
 def _backend_lock(backend) -> threading.Lock:
+    """The lock of ``backend``'s engine: catalog loads and probe-table creation take it. Views of one
+    engine (the gateway's per-analyst `dpch.engine_worker.LimitedBackend`) name it as ``state_owner``
+    and share its lock, so two analysts' threads never create the same probe table at once."""
+    backend = getattr(backend, "state_owner", backend)
     with _LOCKS_GUARD:
         lock = _LOCKS.get(id(backend))
         if lock is None:

@@ -11,24 +11,30 @@ and one socket. The worker
    the UDF path from ``/``: Poco::Glob), but it reads no file outside these grants: not /etc, not the
    data directory's users.json, ledger.sqlite or access.log, not the gateway's /proc entry. It opens
    no TCP connection and cannot signal processes outside its sandbox;
-2. opens the chDB store with the DPCH functions, and then answers one request at a time.
+2. opens N connections to the chDB store (``--engine-sessions``, default 4) with the DPCH functions,
+   and serves requests on N threads, one connection each: requests carry an id and are answered in
+   the order they finish, so a long query of one analyst does not hold the others' (measured here:
+   a fast query answered in 0.02 s while a slow one ran 11.7 s on another connection of the same
+   store; one connection runs its queries one after another).
 
 Every statement runs under `EngineLimits` (ClickHouse's ``max_execution_time``, ``max_memory_usage``,
 ``max_rows_to_read``, ``max_result_rows``, ``max_bytes_to_read``, overflow mode ``throw``): a breach
 fails with ClickHouse's own code (159, 241, 158, 396, 307). A statement that names one of these
 settings itself is refused, so a query cannot lift its own limits. As a backstop, the gateway kills
 the worker's whole process group when no answer arrives within ``max_execution_time + margin`` and
-starts a fresh worker; the request fails with TIMEOUT_EXCEEDED (a ledger charge made before stays).
+starts a fresh worker; every request then in flight fails with TIMEOUT_EXCEEDED (a ledger charge made
+before stays) and later requests go to the fresh worker.
 
-Nothing is unpickled from the worker: answers come back as Arrow IPC (DataFrames), raw bytes
-(formatted results) or text (errors), so a compromised engine cannot run code in the gateway by
+Nothing is unpickled on either side: requests are JSON; answers come back as Arrow IPC (DataFrames),
+raw bytes (formatted results) or text (errors), so a compromised engine cannot run code in the gateway by
 answering. This module adds no privacy computation; it only confines and limits what runs.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import pickle
+import queue
 import re
 import shutil
 import signal
@@ -37,7 +43,7 @@ import struct
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -50,6 +56,8 @@ STORE, ENGINE_TMP, UDF_DIR = "store", "engine_tmp", "udf"
 PRIVATE_FILES = ("users.json", "ledger.sqlite", "access.log")
 #: environment variables passed to the worker; everything else (e.g. DPCH_BACKEND_PASSWORD) is not
 ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "DPCH_CLICKHOUSE_CONFIG")
+#: engine connections (and threads) of one worker: queries on different ones run concurrently
+DEFAULT_SESSIONS, MAX_SESSIONS = 4, 64
 
 
 # -------------------------------------------------------------------------------------------------
@@ -155,13 +163,47 @@ def _df_to_ipc(df: pd.DataFrame) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+_RID = struct.Struct(">Q")  # every answer starts with the id of the request it answers
+
+
+@dataclass
+class _EngineSession:
+    """One chDB connection of the worker and the limits last SET on it (SET is per connection:
+    checked here, a SET on one connection does not change another's)."""
+
+    session: object
+    current: dict | None = None
+
+    def run(self, op: str, sql: str, fmt: str, limits: dict) -> bytes:
+        """One statement under ``limits``; the answer (tag + body), errors as text."""
+        try:
+            if _LIMIT_NAME_RE.search(sql):
+                raise BackendError("Code: 452. DB::Exception: a statement may not change the engine limits. "
+                                   "(SETTING_CONSTRAINT_VIOLATION)")
+            if limits != self.current:
+                self.session.query("SET " + ", ".join(f"{k} = {v}" for k, v in limits.items()), "CSV")
+                self.current = limits
+            if op == "df":
+                return b"D" + _df_to_ipc(self.session.query(sql, "DataFrame"))
+            if op == "fmt":
+                res = self.session.query(sql, fmt)
+                return b"F" + struct.pack(">q", int(res.rows_read())) + res.bytes()
+            self.session.query(sql, "CSV")
+            return b"O"
+        except Exception as exc:  # noqa: BLE001 - the engine's message goes back as text
+            return b"E" + str(exc).encode("utf-8", "replace")
+
+
 def worker_main(fd: int, spec: dict) -> int:
-    """The worker's body: confine, open the store, then serve requests until EOF or "close"."""
+    """The worker's body: confine, open ``spec["sessions"]`` connections to the store, then serve
+    requests until EOF or "close": the main thread reads requests and queues them, one thread per
+    connection runs them, and answers go back tagged with the request's id, in completion order."""
     from .config import sql_function_definitions
     from .confine import confine
 
     conn = Connection(fd)
     data_dir = Path(spec["data_dir"])
+    n_sessions = max(1, int(spec.get("sessions", 1)))
     try:
         (data_dir / STORE).mkdir(parents=True, exist_ok=True)
         (data_dir / ENGINE_TMP).mkdir(parents=True, exist_ok=True)
@@ -179,41 +221,50 @@ def worker_main(fd: int, spec: dict) -> int:
 
         from .backends import MAX_QUERY_SIZE
 
-        session = chdb_session.Session(f"{data_dir / STORE}?udf_path={data_dir / UDF_DIR}")
-        for _name, statement in functions:
-            session.query(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1), "CSV")
-        session.query(f"SET max_query_size = {MAX_QUERY_SIZE}", "CSV")
+        # N connections to the one store, opened after confinement (chDB starts its threads here):
+        # queries on different connections run concurrently, one connection runs one at a time
+        sessions = [chdb_session.Session(f"{data_dir / STORE}?udf_path={data_dir / UDF_DIR}")
+                    for _ in range(n_sessions)]
+        for _name, statement in functions:  # functions belong to the store: created once
+            sessions[0].query(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1), "CSV")
+        for s in sessions:
+            s.query(f"SET max_query_size = {MAX_QUERY_SIZE}", "CSV")
     except Exception as exc:  # noqa: BLE001 - reported to the gateway, which fails the start
         _send_error(conn, exc)
         return 1
-    conn.send_bytes(b"R" + json.dumps({"confined": report is not None, "report": report}).encode())
-    current: dict[str, str] | None = None
+    conn.send_bytes(b"R" + json.dumps({"confined": report is not None, "report": report,
+                                       "sessions": n_sessions}).encode())
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    send_lock = threading.Lock()  # answers of several threads share the socket: one message at a time
+
+    def serve(engine: _EngineSession) -> None:
+        while (job := jobs.get()) is not None:
+            rid, op, sql, fmt, limits = job
+            reply = engine.run(op, sql, fmt, limits)
+            try:
+                with send_lock:
+                    conn.send_bytes(_RID.pack(rid) + reply)
+            except OSError:  # the gateway is gone
+                return
+
+    threads = [threading.Thread(target=serve, args=(_EngineSession(s),), name=f"dpch-engine-{i}", daemon=True)
+               for i, s in enumerate(sessions)]
+    for t in threads:
+        t.start()
     while True:
         try:
-            op, sql, fmt, limits = pickle.loads(conn.recv_bytes())  # from the gateway (trusted)
-        except EOFError:
+            req = json.loads(conn.recv_bytes())  # from the gateway (trusted); JSON, never pickle
+        except (EOFError, OSError):
             break
-        if op == "close":
+        if req["op"] == "close":
             break
-        try:
-            if _LIMIT_NAME_RE.search(sql):
-                raise BackendError("Code: 452. DB::Exception: a statement may not change the engine limits. "
-                                   "(SETTING_CONSTRAINT_VIOLATION)")
-            if limits != current:
-                session.query("SET " + ", ".join(f"{k} = {v}" for k, v in limits.items()), "CSV")
-                current = limits
-            if op == "df":
-                reply = b"D" + _df_to_ipc(session.query(sql, "DataFrame"))
-            elif op == "fmt":
-                res = session.query(sql, fmt)
-                reply = b"F" + struct.pack(">q", int(res.rows_read())) + res.bytes()
-            else:
-                session.query(sql, "CSV")
-                reply = b"O"
-        except Exception as exc:  # noqa: BLE001 - the engine's message goes back as text
-            reply = b"E" + str(exc).encode("utf-8", "replace")
-        conn.send_bytes(reply)
-    session.close()
+        jobs.put((int(req["id"]), req["op"], req["sql"], req["fmt"], req["limits"]))
+    for _ in threads:
+        jobs.put(None)
+    for t in threads:
+        t.join()  # a running statement ends within its max_execution_time (else the gateway kills us)
+    for s in sessions:
+        s.close()
     return 0
 
 
@@ -221,11 +272,91 @@ def worker_main(fd: int, spec: dict) -> int:
 # the gateway side
 # -------------------------------------------------------------------------------------------------
 
+_EXITED = ("the engine worker exited while running the statement; it was restarted (UNKNOWN_EXCEPTION)")
+
+
+@dataclass
+class _Call:
+    """One request in flight: the reader thread fills ``reply`` or ``error`` and sets ``done``."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: bytes | None = None
+    error: str | None = None
+
+
+class _Process:
+    """One running worker process: its socket, its requests in flight by id, and the thread that
+    reads its answers and hands each to the caller waiting for it."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection, report: dict):
+        self.proc, self.conn, self.report = proc, conn, report
+        self.lock = threading.Lock()  # guards pending and dead (callers, the reader, a restart)
+        self.send_lock = threading.Lock()  # callers of several threads share the socket
+        self.pending: dict[int, _Call] = {}
+        self.dead: str | None = None  # why no more answers will come
+        self.reader = threading.Thread(target=self._read, name=f"dpch-worker-reader-{proc.pid}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                self.fail_all(_EXITED)
+                return
+            if len(msg) <= _RID.size:
+                self.fail_all("the engine worker sent an unexpected answer (UNKNOWN_EXCEPTION)")
+                return
+            (rid,) = _RID.unpack_from(msg)
+            with self.lock:
+                call = self.pending.pop(rid, None)
+            if call is not None:  # None: its caller gave up (a restart failed it already)
+                call.reply = msg[_RID.size:]
+                call.done.set()
+
+    def submit(self, rid: int, request: bytes) -> _Call:
+        call = _Call()
+        with self.lock:
+            if self.dead is not None:
+                raise BackendError(self.dead)
+            self.pending[rid] = call
+        try:
+            with self.send_lock:
+                self.conn.send_bytes(request)
+        except OSError:
+            self.fail_all(_EXITED)
+        return call
+
+    def fail_all(self, message: str) -> None:
+        """No answer will come: every request in flight fails with ``message``."""
+        with self.lock:
+            if self.dead is None:
+                self.dead = message
+            calls, self.pending = list(self.pending.values()), {}
+        for call in calls:
+            call.error = message
+            call.done.set()
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (the worker and its UDF programs), then reap it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.conn.close()
+
+
 class WorkerBackend:
     """The embedded engine of ``data_dir`` in a confined worker process, with the interface of
     `dpch.backends.EmbeddedBackend` that the gateway uses (``query_df``, ``query_formatted``,
     ``command``, ``close``). ``kind`` is "worker": results are rendered by the gateway's private
     in-memory chDB session (dpch.gateway.formats.Renderer), never by the engine that holds data.
+
+    Thread-safe: up to ``sessions`` calls run at once, each on its own engine connection in the
+    worker (more wait for a free one, so a request's deadline counts its own run only). A call
+    whose answer does not come within its ``max_execution_time + margin`` kills the worker: every
+    call in flight then fails with TIMEOUT_EXCEEDED, and a fresh worker answers the next calls.
 
     ``confined=False`` runs the worker without Landlock (the gateway's explicit ``--unconfined``);
     otherwise a worker that cannot confine itself fails the start."""
@@ -233,9 +364,11 @@ class WorkerBackend:
     kind = "worker"
 
     def __init__(self, data_dir: Path, limits: EngineLimits | None = None, *, confined: bool = True,
-                 margin: float = 10.0, start_timeout: float = 180.0):
+                 margin: float = 10.0, start_timeout: float = 180.0, sessions: int = DEFAULT_SESSIONS):
         from .config import prepare_embedded_udf_dir
 
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= MAX_SESSIONS:
+            raise ValueError(f"engine sessions must be an integer from 1 to {MAX_SESSIONS}")
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         prepare_embedded_udf_dir(self.data_dir)
@@ -243,93 +376,111 @@ class WorkerBackend:
         self.confined = confined
         self.margin = margin
         self.start_timeout = start_timeout
+        self.sessions = sessions
         self.restarts = 0
-        self.report: dict | None = None
-        self._lock = threading.RLock()
-        self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
+        self._lock = threading.Lock()  # starting, replacing and closing the process: one thread at a time
+        self._slots = threading.BoundedSemaphore(sessions)  # calls in flight <= engine connections
+        self._ids = itertools.count(1)  # next() is atomic in CPython: ids are unique across threads
         self._closed = False
-        self._start()
+        self._dpch_probe_tables: dict = {}  # dpch.probe_db: the probe tables made in this store
+        self._process: _Process | None = self._start()
+
+    @property
+    def report(self) -> dict | None:
+        p = self._process
+        return p.report if p is not None else None
 
     # -- process management ------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self) -> _Process:
         parent, child = socket.socketpair()
         env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-        spec = {"data_dir": str(self.data_dir), "unconfined": not self.confined}
+        spec = {"data_dir": str(self.data_dir), "unconfined": not self.confined, "sessions": self.sessions}
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "dpch.engine_worker", str(child.fileno()), json.dumps(spec)],
                 pass_fds=(child.fileno(),), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, cwd=str(self.data_dir / UDF_DIR))
         finally:
             child.close()
-        self._conn = Connection(parent.detach())
-        if not self._conn.poll(self.start_timeout):
-            self._kill()
-            raise BackendError(f"the engine worker did not start within {self.start_timeout:g} s")
-        try:
-            msg = self._conn.recv_bytes()
-        except (EOFError, OSError):
-            self._kill()
-            raise BackendError("the engine worker exited during its start") from None
-        if msg[:1] != b"R":
-            self._kill()
-            raise BackendError(f"the engine worker failed to start: {msg[1:].decode('utf-8', 'replace')}")
-        self.report = json.loads(msg[1:])
+        conn = Connection(parent.detach())
 
-    def _kill(self) -> None:
-        """SIGKILL the worker's process group (the worker and its UDF programs), then reap it."""
-        proc, self._proc = self._proc, None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if proc is None:
-            return
+        def fail(message: str) -> BackendError:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            conn.close()
+            return BackendError(message)
+
+        if not conn.poll(self.start_timeout):
+            raise fail(f"the engine worker did not start within {self.start_timeout:g} s")
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            raise fail("the engine worker exited during its start") from None
+        if msg[:1] != b"R":
+            raise fail(f"the engine worker failed to start: {msg[1:].decode('utf-8', 'replace')}")
+        return _Process(proc, conn, json.loads(msg[1:]))
+
+    def _running(self) -> _Process:
+        """The live worker, started (again) if it is missing or has died."""
+        with self._lock:
+            if self._closed:
+                raise BackendError("the engine worker is closed")
+            p = self._process
+            if p is not None and p.dead is None and p.proc.poll() is None:
+                return p
+            if p is not None:
+                p.fail_all(_EXITED)
+                p.kill()
+                self.restarts += 1
+            self._process = None
+            self._process = self._start()
+            return self._process
+
+    def _replace(self, p: _Process, message: str) -> None:
+        """Kill ``p`` (if still the current worker), fail its requests in flight with ``message``
+        and start a fresh worker (a failed start is retried by the next call)."""
+        with self._lock:
+            if self._process is not p:
+                return  # another caller replaced it already
+            p.fail_all(message)
+            p.kill()
+            self.restarts += 1
+            self._process = None
+            if not self._closed:
+                try:
+                    self._process = self._start()
+                except BackendError:
+                    pass
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        p = self._process
+        return p.proc.pid if p is not None else None
 
     # -- calls ---------------------------------------------------------------------------------------
     def _call(self, op: str, sql: str, fmt: str, limits: EngineLimits | None) -> bytes:
         limits = limits or self.limits
-        with self._lock:
-            if self._closed:
-                raise BackendError("the engine worker is closed")
-            if self._proc is None or self._proc.poll() is not None:
-                self._kill()
-                self._start()
-                self.restarts += 1
-            deadline = limits.max_execution_time + self.margin
-            try:
-                self._conn.send_bytes(pickle.dumps((op, sql, fmt, limits.settings())))
-                answered = self._conn.poll(deadline)
-                reply = self._conn.recv_bytes() if answered else None
-            except (EOFError, OSError):
-                self._restart()
-                raise BackendError("the engine worker exited while running the statement; it was restarted "
-                                   "(UNKNOWN_EXCEPTION)") from None
-            if reply is None:
-                self._restart()
-                raise BackendError(f"Code: 159. DB::Exception: the engine did not answer within {deadline:g} s; "
-                                   "it was stopped and restarted. (TIMEOUT_EXCEEDED)")
-        tag, body = reply[:1], reply[1:]
-        if tag == b"E":
-            raise BackendError(body.decode("utf-8", "replace"))
+        deadline = limits.max_execution_time + self.margin
+        with self._slots:
+            p = self._running()
+            rid = next(self._ids)
+            call = p.submit(rid, json.dumps({"id": rid, "op": op, "sql": sql, "fmt": fmt,
+                                             "limits": limits.settings()}).encode())
+            if not call.done.wait(deadline):
+                self._replace(p, f"Code: 159. DB::Exception: the engine did not answer within {deadline:g} s; "
+                                 "it was stopped and restarted. (TIMEOUT_EXCEEDED)")
+                call.done.wait()  # set by now: answered in the meantime, or failed by the restart
+            if call.error is not None:
+                if call.error == _EXITED:
+                    self._replace(p, _EXITED)  # restart now, not on the next call
+                raise BackendError(call.error)
+        reply = call.reply
+        if reply[:1] == b"E":
+            raise BackendError(reply[1:].decode("utf-8", "replace"))
         return reply
-
-    def _restart(self) -> None:
-        self._kill()
-        self.restarts += 1
-        try:
-            self._start()
-        except BackendError:
-            pass  # retried on the next call; this request fails either way
 
     def query_df(self, sql: str, *, limits: EngineLimits | None = None) -> pd.DataFrame:
         import pyarrow as pa
@@ -364,13 +515,17 @@ class WorkerBackend:
             if self._closed:
                 return
             self._closed = True
-            if self._conn is not None:
-                try:
-                    self._conn.send_bytes(pickle.dumps(("close", "", "", {})))
-                    self._proc.wait(timeout=10)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
-            self._kill()
+            p, self._process = self._process, None
+        if p is None:
+            return
+        try:
+            with p.send_lock:
+                p.conn.send_bytes(json.dumps({"op": "close"}).encode())
+            p.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        p.fail_all("the engine worker is closed")
+        p.kill()
 
 
 class LimitedBackend:
@@ -386,12 +541,26 @@ class LimitedBackend:
         return self._limits() if callable(self._limits) else self._limits
 
     @property
+    def state_owner(self) -> WorkerBackend:
+        """The engine whose lock and caches this view shares (dpch.catalog._backend_lock): every
+        analyst's view creates the same probe tables and reads the same catalog."""
+        return self.worker
+
+    @property
     def _dpch_catalog_cache(self):  # dpch.catalog caches entries on the backend: share the worker's
         return getattr(self.worker, "_dpch_catalog_cache", None)
 
     @_dpch_catalog_cache.setter
     def _dpch_catalog_cache(self, value):
         self.worker._dpch_catalog_cache = value
+
+    @property
+    def _dpch_probe_tables(self):  # dpch.probe_db's made-tables map: one per engine, like the tables
+        return self.worker._dpch_probe_tables
+
+    @_dpch_probe_tables.setter
+    def _dpch_probe_tables(self, value):
+        self.worker._dpch_probe_tables = value
 
     def query_df(self, sql: str) -> pd.DataFrame:
         return self.worker.query_df(sql, limits=self.limits)

@@ -96,6 +96,7 @@ def ensure_probe_table(backend, entry: TableEntry) -> str:
     ready = _ready(backend)
     if _fresh(ready, name):
         return name
+    # the engine's lock, shared by every analyst's view of it: one thread at a time creates or fills a probe table
     with _backend_lock(backend):
         if _fresh(ready, name):
             return name

@@ -3,13 +3,14 @@
     dpch serve [--data-dir DIR] [--host 127.0.0.1] [--port 8123]
                [--backend URL --backend-user U --backend-password-file F]
                [--max-execution-time S --max-memory-usage B --max-rows-to-read N
-                --max-result-rows N --max-bytes-to-read B] [--unconfined]
+                --max-result-rows N --max-bytes-to-read B] [--engine-sessions N] [--unconfined]
 
 The data directory holds the ledger, the user store (``dpch users``) and, for the embedded engine,
 the store itself, which a Landlock-confined worker process owns (dpch.engine_worker): the gateway
 refuses to start when the kernel cannot confine it, unless ``--unconfined`` (or
 ``DPCH_ENGINE_UNCONFINED=1``) says so explicitly. The engine limits apply to every statement the
-worker runs (a user's record may override them). See docs/GATEWAY.md, "Confinement and limits".
+worker runs (a user's record may override them). ``--engine-sessions`` engine connections run queries
+in parallel (one analyst uses at most N - 1). See docs/GATEWAY.md, "Confinement and limits".
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-result-rows", type=int, default=d.max_result_rows, metavar="N",
                    help="engine limit on result rows (ClickHouse checks subqueries too)")
     p.add_argument("--max-bytes-to-read", type=int, default=d.max_bytes_to_read, metavar="BYTES", help="0: no limit")
+    from ..engine_worker import DEFAULT_SESSIONS, MAX_SESSIONS
+
+    p.add_argument("--engine-sessions", type=int, default=DEFAULT_SESSIONS, metavar="N",
+                   help=f"engine connections (and threads) running queries in parallel, 1 to {MAX_SESSIONS}; "
+                        "one analyst uses at most N - 1")
     p.add_argument("--unconfined", action="store_true",
                    help="run the embedded engine without Landlock confinement (not for production)")
     p.set_defaults(func=_run)
@@ -69,7 +75,7 @@ def _run(args) -> int:
     cfg = GatewayConfig(data_dir=data_dir, backend_url=args.backend, backend_user=args.backend_user,
                         backend_password=password, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, access_log=args.access_log, limits=limits,
-                        unconfined=unconfined)
+                        unconfined=unconfined, engine_sessions=args.engine_sessions)
     from ..gateway.limits import HttpLimits
 
     lim = HttpLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,

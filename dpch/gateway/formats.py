@@ -2,8 +2,10 @@
 answer built by the gateway) is read back through ``SELECT * FROM Python(df) FORMAT <fmt>`` in chDB.
 No encoder is written by hand, and the only input is a DataFrame of released values.
 
-With the embedded backend the gateway's one chDB session renders (under the backend's lock, on the
-engine thread); with a server backend the gateway opens its own in-memory chDB session for it.
+With an in-process embedded backend its own chDB session renders (under the backend's lock); the
+gateway (engine worker or server backend) renders in a private in-memory chDB session of its own,
+which holds no data, under a lock: the engine threads render one at a time (a rendering reads only
+released values, so it is short next to the query that produced them).
 """
 from __future__ import annotations
 
@@ -113,6 +115,8 @@ class Renderer:
         else:
             from chdb import session as chdb_session
 
+            # engine threads render one at a time: one chDB session runs its queries one after another
+            # anyway (measured), and chDB resolves ``Python(dpch_source)`` from the caller's frames
             session, lock = chdb_session.Session(), threading.Lock()
 
             def render(sql, data, fmt):

@@ -3,18 +3,26 @@
 - The event loop does HTTP only: parameters, body (size- and time-limited), credentials.
 - Password checks run on a small thread pool (argon2 is slow on purpose).
 - Everything that touches the engine (the catalog, the controller with its ledger charge, the
-  formatters) runs on ONE dedicated engine thread, so chDB never sees concurrent queries and
-  ``/ping`` never waits behind a query.
+  formatters) runs on a pool of ``engine_sessions`` engine threads (default 4), as many as the
+  engine worker has engine connections (dpch.engine_worker): analysts' queries run in parallel, one
+  analyst holds at most ``engine_sessions - 1`` of them (more wait their turn on the event loop),
+  so a slow query of one user keeps neither another user's query nor ``/ping`` waiting.
+- What the engine threads share is thread-safe: the per-user connections (created under a lock),
+  the catalog cache and probe tables (dpch.catalog._backend_lock), the type-check cache
+  (dpch.typecheck), the ledger (dpch.ledger: threads and processes), the access log and the
+  renderer (each under its own lock).
 - The ledger and the user store live in the data directory; the identity charged is the
   authenticated user, through a per-user ``Connection`` that shares the one backend and ledger path.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +35,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..engine_worker import EngineLimits
+from ..engine_worker import DEFAULT_SESSIONS, EngineLimits
 from ..users import UserStore
 from . import formats
 from . import limits
@@ -64,14 +72,21 @@ class GatewayConfig:
     limits: EngineLimits = field(default_factory=EngineLimits)
     unconfined: bool = False
     engine_margin: float = 10.0  # seconds past max_execution_time before the worker is killed and restarted
+    # engine connections in the worker = engine threads in the gateway: queries that run in parallel
+    engine_sessions: int = DEFAULT_SESSIONS
 
 
 class Gateway:
-    """State shared by requests. Engine-bound methods must run on the engine thread."""
+    """State shared by requests. Engine-bound methods must run on an engine thread (``on_engine``);
+    several run at once, so everything they share is locked or thread-safe by design."""
 
     def __init__(self, cfg: GatewayConfig):
         self.cfg = cfg
-        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpch-engine")
+        n = max(1, int(cfg.engine_sessions))
+        self.engine = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dpch-engine")
+        # one analyst holds at most n - 1 engine threads: another analyst always finds one free
+        self.per_user = max(1, n - 1)
+        self._user_slots: dict[str, asyncio.Semaphore] = {}  # event-loop only: no lock needed
         self.auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpch-auth")
         self.users = UserStore(cfg.data_dir)
         self.access = AccessLog(cfg.access_log if cfg.access_log else str(cfg.data_dir / "access.log"))
@@ -79,6 +94,7 @@ class Gateway:
         self.renderer = None
         self.ledger = None
         self._conns: dict = {}
+        self._conns_lock = threading.Lock()  # two engine threads of one user must not make two Connections
         self._catalog = None
         self.queued = 0
 
@@ -91,6 +107,11 @@ class Gateway:
         cfg = self.cfg
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         if cfg.backend_url:
+            import clickhouse_connect.common
+
+            # the engine threads share one client: without a session id its queries may run concurrently
+            # (a server session runs one query at a time); DPCH sends its settings with every query
+            clickhouse_connect.common.set_setting("autogenerate_session_id", False)
             self.backend = ServerBackend(cfg.backend_url, user=cfg.backend_user, password=cfg.backend_password)
         else:
             from ..engine_worker import WorkerBackend
@@ -99,8 +120,8 @@ class Gateway:
                 log.warning("the engine worker runs UNCONFINED (--unconfined): an engine function that slips past "
                             "the allow-list can read every file this user can, including the user store and ledger")
             self.backend = WorkerBackend(cfg.data_dir, cfg.limits, confined=not cfg.unconfined,
-                                         margin=cfg.engine_margin)
-            log.info("engine worker pid %s: %s", self.backend.pid,
+                                         margin=cfg.engine_margin, sessions=cfg.engine_sessions)
+            log.info("engine worker pid %s, %d engine sessions: %s", self.backend.pid, cfg.engine_sessions,
                      f"Landlock ABI {self.backend.report['report']['abi']}" if self.backend.report["confined"]
                      else "unconfined")
         self.ledger = Ledger(cfg.data_dir / "ledger.sqlite")  # verifies; fails the start if broken
@@ -109,10 +130,11 @@ class Gateway:
         self._catalog.list()
 
     def _close(self) -> None:
-        for c in self._conns.values():
+        with self._conns_lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
             if c._ledger is not None:
                 c._ledger.close()
-        self._conns.clear()
         if self.ledger is not None:
             self.ledger.close()
         if self.backend is not None:
@@ -124,22 +146,30 @@ class Gateway:
     def connection(self, user: str):
         from ..connection import Connection
 
-        conn = self._conns.get(user)
-        if conn is None:
-            backend = self.backend
-            if hasattr(backend, "with_limits"):  # the engine worker: this analyst's limits
-                backend = backend.with_limits(lambda: self.cfg.limits.with_overrides(self.users.limits(user)))
-            conn = Connection(backend, analyst=user, data_dir=self.cfg.data_dir,
-                              ledger_path=self.cfg.data_dir / "ledger.sqlite")
-            self._conns[user] = conn
+        with self._conns_lock:
+            conn = self._conns.get(user)
+            if conn is None:
+                backend = self.backend
+                if hasattr(backend, "with_limits"):  # the engine worker: this analyst's limits
+                    backend = backend.with_limits(lambda: self.cfg.limits.with_overrides(self.users.limits(user)))
+                conn = Connection(backend, analyst=user, data_dir=self.cfg.data_dir,
+                                  ledger_path=self.cfg.data_dir / "ledger.sqlite")
+                _ = (conn.catalog, conn.ledger)  # made now, under the lock: the lazy properties are not thread-safe
+                self._conns[user] = conn
         return conn
 
-    async def on_engine(self, fn, *args):
+    async def on_engine(self, fn, *args, user: str | None = None):
+        """Run ``fn(*args)`` on an engine thread. Waiting requests are capped (``max_queued``, 202);
+        ``user``'s requests beyond ``per_user`` wait here, on the event loop, not on an engine thread."""
         if self.queued >= self.cfg.max_queued:
             raise GatewayError(TOO_MANY_SIMULTANEOUS_QUERIES, "too many queries are waiting; try again later")
         self.queued += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.engine, fn, *args)
+            slots = contextlib.nullcontext()
+            if user is not None:
+                slots = self._user_slots.setdefault(user, asyncio.Semaphore(self.per_user))
+            async with slots:
+                return await asyncio.get_running_loop().run_in_executor(self.engine, fn, *args)
         finally:
             self.queued -= 1
 
@@ -153,7 +183,7 @@ class Gateway:
         self.auth_pool.shutdown(wait=True)
         self.access.close()
 
-    # -- one query, on the engine thread -------------------------------------------------------
+    # -- one query, on an engine thread ---------------------------------------------------------
     def run(self, user, sql, dp_settings, out_settings, database, default_format):
         ans = answer(self, user, sql, dp_settings, database, default_format, out_settings)
         if ans.body is None:  # metadata, or a DataFrame with CI columns: ClickHouse renders it now
@@ -253,7 +283,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             out_settings = formats.output_settings(params)
             database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
             default_format = params.get("default_format") or request.headers.get("x-clickhouse-format") or None
-            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format)
+            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format, user=user)
             kind, fmt, out = ans.kind, ans.fmt, ans.body
             elapsed = time.perf_counter() - t0
             summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
@@ -286,7 +316,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
 
     def json_route(kind: str, parse, run, dataset_and_epsilon):
         """A POST route whose JSON body is one whole DP session (sparse vector, PTR): parse →
-        run on the engine thread as the authenticated analyst → JSON, with the ε charged in
+        run on an engine thread as the authenticated analyst → JSON, with the ε charged in
         X-DPCH-Epsilon/X-DPCH-Delta and one access-log line either way."""
 
         async def handler(request: Request) -> Response:
@@ -303,7 +333,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
                     req = parse(json.loads(body.decode("utf-8")))
                 except (UnicodeDecodeError, ValueError, RecursionError):  # bad JSON, nesting, huge ints
                     raise GatewayError(CANNOT_PARSE_INPUT, "the body is not a JSON object") from None
-                out = await gw.on_engine(lambda: run(gw.connection(user), req))
+                out = await gw.on_engine(lambda: run(gw.connection(user), req), user=user)
                 dataset, eps, dlt, rows = dataset_and_epsilon(req, out)
                 gw.access.write(user=user, query_id=query_id, kind=kind, outcome="accepted", format="JSON",
                                 epsilon=eps, delta=dlt, dataset=dataset, receipt=out["receipt"], rows=rows,
