@@ -1,8 +1,12 @@
 """The controller: analyst SQL in, differentially private DataFrame out.
 
-    parse ─► bind ─► total ─► plan ─► rewrite ─► type-check ─► charge ─► execute ─► post-process
-  dpch.parse  dpch.bind  dpch.totality  dpch.plan  dpch.rewrite  dpch.typecheck  ledger  dpch.execute
-  dpch.postprocess
+    parse ─► relation ─► bind ─► total ─► plan ─► rewrite ─► type-check ─► charge ─► execute ─► post-process
+  dpch.parse  dpch.relation  dpch.bind  dpch.totality  dpch.plan  dpch.rewrite  dpch.typecheck (and
+  dpch.probe_db)  ledger  dpch.execute  dpch.postprocess
+
+This module alone composes the stages; each imports only the stages before it and the shared model
+(docs/ARCHITECTURE.md, checked by lint-imports). What a stage needs from a later one or from the
+engine, it receives from here as an argument (dpch.relation.services.RelationServices).
 
 ``run_query(conn, sql, *, epsilon, delta=0, **options)`` and ``explain_query(...)`` are what
 ``Connection.query`` / ``Connection.explain`` call. Guarantees:
