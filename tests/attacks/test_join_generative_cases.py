@@ -96,13 +96,15 @@ CASES = [
 _DUP_MOVES = data(cust=[(1, 5, "a", 0), (2, 5, "a", 0)], ord_=[(10, 1, 5, "x"), (11, 1, 5, "x")],
                   li=[(10, 5, "p")] * 3 + [(11, 5, "q")] * 3, dup=[(10, 2, 5, "y")], target=1)
 # Which order ANY picked varied from one execution to the next (measured before the fix: the
-# duplicate in 19 of 20 runs), so these cases run REPEAT times: a defect is missed with probability about 0.05^5 < 1e-6.
+# duplicate in 19 of 20 runs), so these cases run REPEAT times: a defect is missed with
+# probability about 0.05^5 < 1e-6.
 FOUND = [
     pytest.param(schema(engine="MergeTree"), _DUP_MOVES,
                  q("SELECT l.lg AS g0, COUNT(*) AS a0 FROM {db}.li l GROUP BY g0", 1e-6),
                  id="dup-key-chain-moves-rows"),
     pytest.param(schema(engine="MergeTree"), _DUP_MOVES,
-                 q("SELECT o.og AS g0, COUNT(*) AS a0 FROM {db}.li l JOIN {db}.ord o ON o.ok = l.lok GROUP BY g0", 1e-6),
+                 q("SELECT o.og AS g0, COUNT(*) AS a0 FROM {db}.li l JOIN {db}.ord o ON o.ok = l.lok "
+                   "GROUP BY g0", 1e-6),
                  id="dup-key-join-moves-rows"),
 ]
 REPEAT = 5
