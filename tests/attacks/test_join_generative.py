@@ -19,7 +19,8 @@ unchanged). For every query, the guarantee of docs/CONTROLLER.md "Joins" is chec
 2. **Same outcome.** ``db.query`` on D and on D′ is rejected on both with the same message, or
    answered on both with the same columns and (public key domains) the same released keys; no
    message quotes the removed unit's extreme values.
-3. **Nothing charged for a failure.** A query that is charged must answer.
+3. **Nothing charged for a failure.** A query that is charged must answer (and one that answers
+   must have been charged).
 
 Rejected queries are fine (counted; at least ``MIN_ACCEPTED`` of them must be accepted, so that the
 test cannot pass vacuously). ``make test`` runs a fixed, derandomized example budget; ``make fuzz``
@@ -166,6 +167,8 @@ def check_query(db, sc: g.Scenario, q: g.Query, names: Names, stats: Counter) ->
             found.append(Violation("secret in message", str(o)))
         if o[0] == "failed" and o[1]:
             found.append(Violation("charged, then failed", str(o)))
+        if o[0] == "answered" and not o[1]:
+            found.append(Violation("answered without a charge", str(o)))
     same = (out_d[0], *out_d[2:]) == (out_p[0], *out_p[2:]) if out_d[0] == out_p[0] == "answered" else out_d == out_p
     if not same:
         found.append(Violation("outcome differs on D and D′", f"D: {out_d}\nD′: {out_p}"))
