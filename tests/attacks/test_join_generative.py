@@ -84,6 +84,7 @@ def build(db, sc: g.Scenario) -> Names | None:
     names = Names(f"gjd{_COUNTER['n']:06d}", f"gjp{_COUNTER['n']:06d}")
     refused = []
     for name, data in ((names.d, sc.data), (names.p, sc.data.neighbour())):
+        db.command(f"DROP DATABASE IF EXISTS {name}")
         db.command(f"CREATE DATABASE {name}")
         for stmt in g.create_sql(sc.schema, name) + g.insert_sql(sc.schema, data, name, dups=False):
             db.command(stmt)
