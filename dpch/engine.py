@@ -10,19 +10,25 @@
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
 from .catalog_model import TableEntry, quote_ident, quote_string
 
+if TYPE_CHECKING:
+    from .backends import Formatted
+
 
 class Engine(Protocol):
-    """The engine as the stages see it: analysed or executed SQL in, a DataFrame out."""
+    """The engine as the stages see it (the part of dpch.backends.Backend they use): analysed or
+    executed SQL in, a DataFrame or the engine's rendering out."""
 
     def query_df(self, sql: str) -> pd.DataFrame: ...
 
-    def command(self, sql: str) -> object: ...
+    def query_formatted(self, sql: str, fmt: str) -> Formatted: ...
+
+    def command(self, sql: str) -> None: ...
 
 
 # Settings of every rewritten query: no short-circuit evaluation (the cost of WHERE and of

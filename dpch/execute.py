@@ -12,19 +12,21 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from .engine import sanitize_error
+from .engine import Engine, sanitize_error
 from .errors import BackendError
 
 if TYPE_CHECKING:
     from .backends import Formatted
     from .results import Rewritten
 
-def execute(backend, rewritten: Rewritten) -> pd.DataFrame:
+
+def execute(backend: Engine, rewritten: Rewritten) -> pd.DataFrame:
     """Run ``rewritten.sql``; raise BackendError with a sanitised message on failure."""
     return _sanitized(lambda: backend.query_df(rewritten.sql))
 
 
-def execute_formatted(backend, rewritten: Rewritten, fmt: str, settings: dict[str, str] | None = None) -> Formatted:
+def execute_formatted(backend: Engine, rewritten: Rewritten, fmt: str,
+                      settings: dict[str, str] | None = None) -> Formatted:
     """Run ``rewritten.released_sql`` (the analyst's columns only) and return the engine's
     rendering of it in output format ``fmt``; errors as for ``execute``."""
     return _sanitized(lambda: backend.query_formatted(rewritten.formatted_sql(settings), fmt))

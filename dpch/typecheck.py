@@ -20,7 +20,7 @@ from typing import Sequence
 
 from .bind import BoundQuery
 from .catalog import TableEntry
-from .engine import QUERY_SETTINGS, default_row_sql, sanitize_error, with_settings  # noqa: F401 - re-exported
+from .engine import QUERY_SETTINGS, Engine, default_row_sql, sanitize_error, with_settings  # noqa: F401 - re-exported
 from .errors import QueryRejected
 from .sql_ast import sql_of
 
@@ -29,7 +29,7 @@ def _schema_error(entry: TableEntry, exc: Exception, what: str) -> QueryRejected
                          f"checked on a row of default values; nothing ran on the data and nothing was charged")
 
 
-def expression_types(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
+def expression_types(backend: Engine, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
     """The engine's type of each SQL expression over ``entry``'s table (reads no data). A plain
     registered column takes its catalogued type; the rest is one DESCRIBE."""
     out: list[str | None] = [entry.columns.get(s.strip('`"')) for s in sqls]
@@ -40,7 +40,7 @@ def expression_types(backend, entry: TableEntry, sqls: Sequence[str]) -> list[st
     return [str(t) for t in out]
 
 
-def _describe(backend, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
+def _describe(backend: Engine, entry: TableEntry, sqls: Sequence[str]) -> list[str]:
     cols = ", ".join(f"{s} AS __dp_t{i}" for i, s in enumerate(sqls))
     try:
         # the same settings as the query that will run (cast_keep_nullable changes types)
@@ -69,7 +69,7 @@ _PASSED_LOCK = threading.Lock()
 _PASSED_MAX = 4096
 
 
-def check_runs(backend, entry: TableEntry, bound: BoundQuery, probe_sql: str, fmt: str | None = None) -> None:
+def check_runs(backend: Engine, entry: TableEntry, bound: BoundQuery, probe_sql: str, fmt: str | None = None) -> None:
     """Run ``probe_sql`` (the rewritten query over ``default_row_sql``) and every row-level
     expression on the default row. Raises QueryRejected; charges nothing. With ``fmt``, the probe
     is rendered in that output format (``backend.query_formatted``), so a result the format cannot
@@ -87,7 +87,7 @@ def check_runs(backend, entry: TableEntry, bound: BoundQuery, probe_sql: str, fm
             _PASSED.popitem(last=False)
 
 
-def _probe(backend, entry: TableEntry, exprs: list[str], probe_sql: str, fmt: str | None) -> None:
+def _probe(backend: Engine, entry: TableEntry, exprs: list[str], probe_sql: str, fmt: str | None) -> None:
     if exprs:
         cols = ", ".join(f"{s} AS __dp_e{i}" for i, s in enumerate(exprs))
         try:
