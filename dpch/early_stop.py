@@ -154,9 +154,10 @@ def _check_params(epsilon_per_step, max_steps, target_halfwidth, target_relative
 
 def _prepare(conn, sql: str, eps: float, options: dict):
     """parse → bind → total → plan → shape check → type check; runs nothing on the data."""
-    from .rewrite import _Rewriter, rewrite_probe
+    from .probe_db import check_before_charge, probe_tables
+    from .rewrite import _Rewriter, probe_table_sql
     from .svt import prepare_single_value
-    from .typecheck import check_runs, default_row_sql
+    from .typecheck import check_runs
 
     prepared, q = prepare_single_value(conn, sql, eps, options, "refine")
     plan = prepared.plan
@@ -166,8 +167,8 @@ def _prepare(conn, sql: str, eps: float, options: dict):
     if mech.granularity != 1.0 or not mech.privacy_relation(int(q.l1), eps):
         raise InvalidParameter("epsilon_per_step: the noise scale exceeds 2^40 grid units (sensitivity too large "
                                "for this ε); use a larger epsilon_per_step")
-    check_runs(conn.backend, plan.entry, plan.bound, rewrite_probe(plan).sql)
-    probe = _Rewriter(plan, noise=False, selection=False, table=default_row_sql(plan.entry))
+    check_before_charge(conn, plan)  # on probe data: the real relation of a join
+    probe = _Rewriter(plan, noise=False, selection=False, table=probe_table_sql(plan, probe_tables(conn)))
     check_runs(conn.backend, plan.entry, plan.bound, _step_sql(probe, mech))
     return prepared, _Rewriter(plan, noise=False, selection=False, table=None), mech, q
 

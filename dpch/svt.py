@@ -335,8 +335,9 @@ class SparseVector:
 
     def _prepare(self, sql: str, options: dict) -> tuple[_Test, SvtCalibration | None]:
         """parse → bind → total → plan → checks → type check; runs nothing on the data."""
-        from .rewrite import _Rewriter, rewrite_probe
-        from .typecheck import check_runs, default_row_sql
+        from .probe_db import check_before_charge, probe_tables
+        from .rewrite import _Rewriter, probe_table_sql
+        from .typecheck import check_runs
 
         prepared, q = prepare_single_value(self.conn, sql, self.epsilon, options, "sparse vector",
                                            dataset=self.dataset)
@@ -363,9 +364,10 @@ class SparseVector:
         t_units = math.ceil(Fraction(self.threshold) / Fraction(k.grid))
         if abs(t_units) > MAX_THRESHOLD_UNITS:
             raise InvalidParameter("sparse vector: the threshold is too large for the query's grid")
-        # the type check db.query makes before charging, on one row of default values
-        check_runs(self.conn.backend, plan.entry, plan.bound, rewrite_probe(plan).sql)
-        probe_rw = _Rewriter(plan, noise=False, selection=False, table=default_row_sql(plan.entry))
+        # the type check db.query makes before charging, on probe data (the real relation of a join)
+        check_before_charge(self.conn, plan)
+        probe_rw = _Rewriter(plan, noise=False, selection=False,
+                             table=probe_table_sql(plan, probe_tables(self.conn)))
         check_runs(self.conn.backend, plan.entry, plan.bound, self._test_sql(probe_rw, mult, k, 0))
         rw = _Rewriter(plan, noise=False, selection=False, table=None)
         return _Test(rw, mult, l1, q.grid), new_cal

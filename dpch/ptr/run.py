@@ -284,8 +284,9 @@ class PtrRun:
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> PtrResult:
-        from ..rewrite import _Rewriter
-        from ..typecheck import check_runs, default_row_sql
+        from ..probe_db import probe_tables
+        from ..rewrite import _Rewriter, probe_table_sql
+        from ..typecheck import check_runs
 
         prepared, plan, step, (lo, hi) = self._plan()
         dataset = prepared.dataset
@@ -303,8 +304,9 @@ class PtrRun:
                            self._ptr_sql(groups, st, step, beta))
             return out
 
-        # the type check on one row of default values, before the charge (as db.query)
-        probe = _Rewriter(plan, noise=False, selection=False, table=default_row_sql(plan.entry))
+        # the type check on probe data (the real relation of a join), before the charge (as db.query)
+        probe = _Rewriter(plan, noise=False, selection=False,
+                          table=probe_table_sql(plan, probe_tables(self.conn)))
         for sql, _ in sqls(probe, beta0):
             check_runs(self.conn.backend, plan.entry, plan.bound, sql)
         rw = _Rewriter(plan, noise=False, selection=False, table=None)

@@ -57,7 +57,7 @@ from .probe import swap_tables
 from .rewriter import _Rewriter
 
 __all__ = ["SALT_PLACEHOLDER", "UNIT_SALT_PLACEHOLDER", "Rewritten", "_Rewriter", "rewrite", "rewrite_for_sensitivity_check",
-           "rewrite_probe"]
+           "rewrite_probe", "probe_table_sql"]
 
 
 def rewrite(plan: Plan) -> Rewritten:
@@ -81,9 +81,16 @@ def rewrite_probe(plan: Plan, probe_of: Callable[[str], str] | None = None) -> R
     relation SQL with every table node swapped for its one-row probe table (dpch.probe_db), so its
     joins, semi-joins, reference-chain joins and key conversions are analysed and run, UNION ALL
     the relation's own row of defaults (NULLs included), so at least one row reaches every stage."""
+    return _Rewriter(plan, noise=False, selection=True, table=probe_table_sql(plan, probe_of)).build()
+
+
+def probe_table_sql(plan: Plan, probe_of: Callable[[str], str] | None = None) -> str:
+    """The probe data that ``rewrite_probe`` reads instead of the table (see there): one row of
+    defaults, or the real relation over probe tables UNION ALL its own default row. The release
+    paths that build their own SQL from a plan (sparse vector, refine, propose-test-release) probe
+    it on the same data."""
     entry = plan.entry
     if probe_of is None or type(entry) is TableEntry:
-        return _Rewriter(plan, noise=False, selection=True, table=default_row_sql(entry)).build()
-    table = (f"(SELECT * FROM {swap_tables(entry.table_sql, probe_of)}\nUNION ALL\n"
-             f"SELECT * FROM {default_row_sql(entry)}) AS {RELATION_PLACEHOLDER}")
-    return _Rewriter(plan, noise=False, selection=True, table=table).build()
+        return default_row_sql(entry)
+    return (f"(SELECT * FROM {swap_tables(entry.table_sql, probe_of)}\nUNION ALL\n"
+            f"SELECT * FROM {default_row_sql(entry)}) AS {RELATION_PLACEHOLDER}")
