@@ -344,7 +344,11 @@ class _Process:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        self.conn.close()
+        # the socket is closed only once the reader has seen its end: a descriptor closed under a
+        # reader that is still between two reads could be reused by the next worker's socket
+        self.reader.join(timeout=10)
+        if not self.reader.is_alive():
+            self.conn.close()
 
 
 class WorkerBackend:
