@@ -27,6 +27,7 @@ from sqlglot import exp
 
 from .catalog import TableEntry, base_type, date_kind
 from .errors import QueryRejected
+from .function_rules import EXTRACT_UNITS as _EXTRACT_UNITS
 from .function_rules import NON_DP_AGGREGATES, func_name
 from .parse import ParsedQuery
 from .sql_ast import sql_of  # noqa: F401 - re-exported: moved to the shared SQL helpers
@@ -677,8 +678,6 @@ def _is_aggregate(node: exp.Expression) -> bool:
 
 # EXTRACT(<unit> FROM t) as the ClickHouse date-part function it means (ClickBench Q18's key
 # `extract(minute FROM EventTime)`); other units are left for the allow-list to reject.
-_EXTRACT_UNITS = {"YEAR": "toYear", "QUARTER": "toQuarter", "MONTH": "toMonth", "DAY": "toDayOfMonth",
-                  "HOUR": "toHour", "MINUTE": "toMinute", "SECOND": "toSecond"}
 
 
 def _normalise_extract(select: exp.Expression) -> None:

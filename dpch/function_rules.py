@@ -220,6 +220,10 @@ grouparraymovingavg deltasum categoricalinformationvalue contingency cramersv th
 array_agg arrayagg string_agg group_concat listagg approx_count_distinct approx_distinct
 approx_quantile percentile_cont percentile_disc mode bool_and bool_or every some
 """.split())
+# EXTRACT(<unit> FROM t): the ClickHouse date-part function it means (dpch.bind rewrites it so);
+# other units are refused
+EXTRACT_UNITS = {"YEAR": "toYear", "QUARTER": "toQuarter", "MONTH": "toMonth", "DAY": "toDayOfMonth",
+                 "HOUR": "toHour", "MINUTE": "toMinute", "SECOND": "toSecond"}
 _AGG_NODES = (exp.AggFunc, exp.AnonymousAggFunc, exp.CombinedAggFunc, exp.ParameterizedAgg)
 _FUNC_NODES = (exp.Func, exp.Anonymous) + _AGG_NODES
 
@@ -265,6 +269,9 @@ def check_functions(tree: exp.Expression) -> None:
                                 "query a catalogued table")
         if not isinstance(node, _FUNC_NODES) or isinstance(node, exp.Exists):  # EXISTS: dpch.relation judges it
             continue
+        if isinstance(node, exp.Extract) and isinstance(node.this, (exp.Var, exp.Column)) \
+                and node.this.name.upper() in EXTRACT_UNITS:
+            continue  # a date part (its argument is walked like any other)
         written = func_name(node)
         name = rule_name(node)
         for candidate in (written.lower(), name):

@@ -256,7 +256,6 @@ def test_release_distribution_is_the_calibrated_laplace(pdb):
     the bucket's midpoint, w = 100/2^16) with β = 1.0: 20 000 runs of the run's SQL (fast path),
     all released (D = cap; a ⊥ has P < 1e-9 per run, checked: none), KS against the Laplace the run
     calibrates (b = its release mechanism's scale in buckets, times w), level 1e-6."""
-    pdb.ledger.set_budget(pdb.analyst, FLAT, epsilon=1e6, delta=1e-3, accountant="odp")  # planning prechecks it
     run = PtrRun(pdb, "median", FLAT, "x", 2.0, 1e-6, bound=1.0)
     sql, interval = run.fast_sql(20000)
     df = pdb.backend.query_df(sql)

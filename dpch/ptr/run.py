@@ -176,13 +176,15 @@ class PtrRun:
         return [_Stage("scale", es, d / 2.0, iqr_cells(es)), _Stage(self.statistic, ep, d / 2.0, (0.0,) + ptr_cells(ep))]
 
     # -- the plan (the controller's bounding) -------------------------------------------------------
-    def _plan(self):
+    def _plan(self, precheck: bool = False):
+        """The controller's plan of the statistic's query; ``precheck``: the ledger's free
+        affordability check first (run, which charges, asks it; the audit and fast_sql do not)."""
         from ..controller import prepare
 
         sql = f"SELECT quantile(0.5)({self.column}) FROM {self.table}" + (f" WHERE {self.where}" if self.where else "")
         try:
-            prepared = prepare(self.conn, sql, epsilon=self.epsilon, delta=0.0, mechanism="laplace", precheck=True,
-                               **self.options)
+            prepared = prepare(self.conn, sql, epsilon=self.epsilon, delta=0.0, mechanism="laplace",
+                               precheck=precheck, **self.options)
         except CatalogError as exc:
             raise QueryRejected(str(exc)) from None
         plan = prepared.plan
@@ -288,7 +290,7 @@ class PtrRun:
         from ..rewrite import _Rewriter, probe_table_sql
         from ..typecheck import check_runs
 
-        prepared, plan, step, (lo, hi) = self._plan()
+        prepared, plan, step, (lo, hi) = self._plan(precheck=True)
         dataset = prepared.dataset
         width = (hi - lo) / BUCKETS
         stages = self.stages()
