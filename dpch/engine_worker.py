@@ -443,12 +443,13 @@ class WorkerBackend:
             self._process = self._start()
             return self._process
 
-    def _replace(self, p: _Process, message: str) -> None:
+    def _replace(self, p: _Process, message: str, late: _Call | None = None) -> None:
         """Kill ``p`` (if still the current worker), fail its requests in flight with ``message``
-        and start a fresh worker (a failed start is retried by the next call)."""
+        and start a fresh worker (a failed start is retried by the next call). Nothing is done if
+        ``late``, the call whose deadline passed, was answered meanwhile."""
         with self._lock:
-            if self._process is not p:
-                return  # another caller replaced it already
+            if self._process is not p or (late is not None and late.done.is_set()):
+                return  # another caller replaced it already, or the answer came after all
             p.fail_all(message)
             p.kill()
             self.restarts += 1
@@ -475,7 +476,7 @@ class WorkerBackend:
                                              "limits": limits.settings()}).encode())
             if not call.done.wait(deadline):
                 self._replace(p, f"Code: 159. DB::Exception: the engine did not answer within {deadline:g} s; "
-                                 "it was stopped and restarted. (TIMEOUT_EXCEEDED)")
+                                 "it was stopped and restarted. (TIMEOUT_EXCEEDED)", late=call)
                 call.done.wait()  # set by now: answered in the meantime, or failed by the restart
             if call.error is not None:
                 if call.error == _EXITED:
