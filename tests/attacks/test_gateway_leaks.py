@@ -36,14 +36,15 @@ def _cli(*args):
 def gw(tmp_path_factory):
     d = tmp_path_factory.mktemp("leaks")
     _cli("demo", "--data-dir", str(d), "--rows", "2000")
-    # a public table for IN (SELECT ...), registered by the owner in-process (then closed)
-    import dpch
-
-    db = dpch.connect(str(d))
-    db.command("CREATE TABLE demo.zones (region String, label String) ENGINE = MergeTree ORDER BY region")
-    db.command("INSERT INTO demo.zones SELECT DISTINCT region, lower(region) FROM demo.purchases")
-    db.catalog.register("demo.zones", public=True)
-    db.close()
+    # a public table for IN (SELECT ...), registered by the owner in a process of its own (this one
+    # may hold the test session's embedded store: one store per process)
+    owner = ("import dpch\n"
+             f"db = dpch.connect({str(d)!r})\n"
+             "db.command('CREATE TABLE demo.zones (region String, label String) ENGINE = MergeTree ORDER BY region')\n"
+             "db.command('INSERT INTO demo.zones SELECT DISTINCT region, lower(region) FROM demo.purchases')\n"
+             "db.catalog.register('demo.zones', public=True)\n"
+             "db.close()\n")
+    subprocess.run([PY, "-c", owner], check=True, cwd=ROOT, timeout=180)
     users = UserStore(d)
     users.add(*RICH)
     users.add(*POOR)
