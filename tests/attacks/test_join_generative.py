@@ -27,6 +27,12 @@ test cannot pass vacuously). ``make test`` runs a fixed, derandomized example bu
 runs many more (``DPCH_FUZZ_EXAMPLES``) with fresh randomness, collecting every violation in
 ``DPCH_FUZZ_LOG`` (JSON lines) instead of stopping at the first. Every failure found becomes a
 fixed case in tests/attacks/test_join_generative_cases.py.
+
+Measured (2026-11-28, 2 busy cores): make test's 40 scenarios draw 118 queries (81 accepted) in about
+a minute. Long runs drew 10 792 queries in 1 363 scenarios: 4 525 before b7aa423 (29 violations,
+all one defect: a referenced key duplicated after registration moved the removed unit's lineitems
+to another unit through the ``ANY`` reference chain; now test_found_case), then 6 267 on the code
+after it (2 797 accepted, 4 630 quantities checked, 1 990 moved by the removal) with none.
 """
 from __future__ import annotations
 
