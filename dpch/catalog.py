@@ -44,7 +44,7 @@ import secrets
 import threading
 import time
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .catalog_model import (  # noqa: F401 - re-exported: the records moved to dpch.catalog_model
     META_DATABASE, META_TABLE, NEIGHBOURS, MAX_PUBLIC_KEYS, _NAME_RE, _INTEGER_TYPES, _FLOAT_TYPES,
@@ -56,6 +56,16 @@ from .errors import CatalogError, DPCHError
 
 def _spec_json(entry: TableEntry) -> str:
     return json.dumps(entry.to_dict(), sort_keys=True)
+
+
+#: what defines a dataset's unit (and so what its recorded charges were accounted under)
+UNIT_FIELDS = ("privacy_unit", "public", "neighbour", "references")
+
+
+def changed_fields(old: TableEntry, new: TableEntry) -> list[str]:
+    """The entry fields that differ between ``old`` and ``new`` (the salt and version aside)."""
+    a, b = old.to_dict(), new.to_dict()
+    return [k for k in a if json.dumps(a[k], sort_keys=True) != json.dumps(b.get(k), sort_keys=True)]
 
 
 def _entry_from_row(table: str, spec_text: str, salt: str, version: int) -> TableEntry:
@@ -215,13 +225,22 @@ class Catalog:
                  max_rows_per_group: int | None = None,
                  public_keys: Mapping[str, Iterable] | None = None,
                  columns: Iterable[str] | None = None, rotate_salt: bool = False,
-                 public: bool = False, references: Mapping[str, str] | None = None) -> TableEntry:
-        """Register (or re-register) ``table``. Reads its schema now; ``columns`` restricts the
-        columns analysts may use (default: all). Re-registering keeps the salt unless
-        ``rotate_salt``. ``public=True``: a public table (nothing protected). ``references``:
-        foreign keys ``{column: "db.table.column"}`` to registered tables, each to a key (unique
-        values, checked now); a table without ``privacy_unit`` reaches its unit through them
-        (checked now: the chain must end at a unit). Returns the stored entry."""
+                 public: bool = False, references: Mapping[str, str] | None = None,
+                 replace: bool = False) -> TableEntry:
+        """Register ``table``. Reads its schema now; ``columns`` restricts the columns analysts
+        may use (default: all). ``public=True``: a public table (nothing protected).
+        ``references``: foreign keys ``{column: "db.table.column"}`` to registered tables, each to
+        a key (unique values, checked now); a table without ``privacy_unit`` reaches its unit
+        through them (checked now: the chain must end at a unit). Returns the stored entry.
+
+        A registered table is not replaced by accident: registering it again with the same entry
+        changes nothing; a different entry is refused unless ``replace=True`` (a register call
+        states the WHOLE entry, so bounds and public keys it does not name would be dropped; use
+        ``update`` to change only what you name). Re-registering keeps the salt unless
+        ``rotate_salt``. Changing what defines a unit (privacy_unit, public, neighbour,
+        references) of a dataset with charges on record in the current budget generation is
+        refused: its past answers were accounted under the old unit (reset the budgets, or
+        register the data under a new name)."""
         qualified = self.qualify(table)
         schema = self._describe(qualified)
         if not isinstance(public, bool):
@@ -330,8 +349,69 @@ class Catalog:
             from .units import unit_path  # the chain must end at a unit (or there is none: row level)
 
             unit_path(entry, {**self._load(), qualified: entry}.get)
+        if previous is not None:
+            changed = changed_fields(previous, entry)
+            if not changed and not rotate_salt:
+                return previous  # the same entry (a setup script run again): nothing to write
+            if changed and not replace:
+                raise CatalogError(
+                    f"{qualified} is registered already; this register call would replace its whole entry and "
+                    f"change {', '.join(changed)}. Change only what you name with db.catalog.update({qualified!r}, "
+                    f"...) (CLI: dpch catalog update), or pass replace=True (CLI: --replace) to replace the entry")
+            self._check_unit_change(previous, entry, changed)
         self._write(qualified, _spec_json(entry), salt, deleted=False)
         return self.get(qualified)
+
+    def update(self, table: str, *, bounds: Mapping[str, tuple[float, float] | None] | None = None,
+               public_keys: Mapping[str, Iterable | None] | None = None, **changes) -> TableEntry:
+        """Change only what is named, keep the rest of ``table``'s entry (and its salt).
+        ``bounds`` and ``public_keys`` are merged per column (a column mapped to None loses its
+        bounds / public keys); any other register argument (privacy_unit, neighbour,
+        max_groups_contributed, max_rows_per_unit, max_rows_per_group, columns, public,
+        references, rotate_salt) replaces the old value. The same checks as ``register`` apply,
+        including the refusal to change the unit of a dataset with charges on record."""
+        allowed = {"privacy_unit", "neighbour", "max_groups_contributed", "max_rows_per_unit",
+                   "max_rows_per_group", "columns", "public", "references", "rotate_salt"}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise CatalogError(f"update: unknown argument(s) {', '.join(unknown)}; allowed: bounds, public_keys, "
+                               f"{', '.join(sorted(allowed))}")
+        old = self.get(table)
+        spec = old.to_dict()
+        merged_bounds = {k: tuple(v) for k, v in spec["bounds"].items()}
+        for col, pair in (bounds or {}).items():
+            if pair is None:
+                merged_bounds.pop(col, None)
+            else:
+                merged_bounds[col] = pair
+        merged_keys = dict(spec["public_keys"])
+        for col, values in (public_keys or {}).items():
+            if values is None:
+                merged_keys.pop(col, None)
+            else:
+                merged_keys[col] = values
+        kwargs = {"privacy_unit": spec["privacy_unit"], "neighbour": spec["neighbour"],
+                  "max_groups_contributed": spec["max_groups_contributed"],
+                  "max_rows_per_unit": spec["max_rows_per_unit"], "max_rows_per_group": spec["max_rows_per_group"],
+                  "columns": list(spec["columns"]), "public": spec["public"], "references": spec["references"]}
+        kwargs.update(changes)
+        return self.register(old.table, bounds=merged_bounds, public_keys=merged_keys, replace=True, **kwargs)
+
+    #: set by the owner of a ledger (dpch.connection): dataset -> charges on record in the current
+    #: budget generations; the catalog itself does not read the ledger (a layer of its own)
+    charges_on_record: Callable[[str], int] | None = None
+
+    def _check_unit_change(self, previous: TableEntry, entry: TableEntry, changed: list[str]) -> None:
+        unit_changes = [f for f in changed if f in UNIT_FIELDS]
+        if not unit_changes or self.charges_on_record is None:
+            return
+        n = self.charges_on_record(previous.table)
+        if n:
+            raise CatalogError(
+                f"{previous.table} has {n} charge(s) on record under its current privacy unit; changing "
+                f"{', '.join(unit_changes)} would account its next answers under another unit. Reset the budgets "
+                f"first (dpch budget reset, or db.ledger.reset(analyst, dataset, confirm=True) for each analyst), or "
+                f"register the data under a new table name")
 
     def _check_references(self, qualified: str, registered: Mapping[str, str], references: Mapping[str, str],
                           public: bool) -> dict[str, tuple[str, str]]:

@@ -69,7 +69,13 @@ class Connection:
             from .catalog import Catalog
 
             self._catalog = Catalog(self.backend)
+            self._catalog.charges_on_record = self._charges_on_record
         return self._catalog
+
+    def _charges_on_record(self, dataset: str) -> int:
+        """Charges of every analyst on ``dataset`` in the current budget generations (the catalog
+        refuses to change the unit of a dataset that has any)."""
+        return sum(s.queries for s in self.ledger.budgets() if s.dataset == dataset)
 
     def accelerate(self, table: str, group_by=(), columns=None, *, materialize: bool = True):
         """Add the per-unit projection that serves user-level ``GROUP BY group_by`` queries on

@@ -100,7 +100,7 @@ def _controller_demo(db, *, eps: float, delta: float, out) -> None:
     db.catalog.register(f"{DEMO_DB}.purchases", privacy_unit="user_id",
                         bounds={"amount": (0, 500), "age": (18, 100)},
                         max_groups_contributed=1, max_rows_per_unit=10,
-                        public_keys={"region": REGIONS})
+                        public_keys={"region": REGIONS}, replace=True)  # the demo's own table, as the demo needs it
     dataset = f"{DEMO_DB}.purchases"
     # the demo spends <= 12ε: 2 queries here, 6 timed runs in step 3, 1.5ε in step 4, 2.5ε in step 5
     budget = 13.0 * max(eps, 1.0)

@@ -104,7 +104,7 @@ def test_catalog_change_makes_it_stale(db):
               public_keys={"region": ["r0", "r1", "r2"]})
     db.catalog.register(f"{DB}.stale", bounds={"amount": (0, 100)}, **kw)
     old = db.accelerate(f"{DB}.stale", ["region"])
-    db.catalog.register(f"{DB}.stale", bounds={"amount": (0, 200)}, **kw)
+    db.catalog.update(f"{DB}.stale", bounds={"amount": (0, 200)})
     listed = db.accelerations(f"{DB}.stale")
     assert [(a.name, a.current) for a in listed] == [(old.name, False)]
     q = f"SELECT region, SUM(amount) AS s FROM {DB}.stale GROUP BY region"
@@ -127,10 +127,11 @@ def test_rejections(db):
     with pytest.raises(CatalogError, match="row-level"):
         db.accelerate(f"{DB}.rej", [])
     db.catalog.register(f"{DB}.rej", privacy_unit="uid", bounds={"amount": (0, 1)}, max_groups_contributed=2,
-                        public_keys={"region": ["a"]})
+                        public_keys={"region": ["a"]}, replace=True)
     with pytest.raises(CatalogError, match="k = 1"):
         db.accelerate(f"{DB}.rej", ["region"])
-    db.catalog.register(f"{DB}.rej", privacy_unit="uid", bounds={"amount": (0, 1)}, max_groups_contributed=1)
+    db.catalog.register(f"{DB}.rej", privacy_unit="uid", bounds={"amount": (0, 1)}, max_groups_contributed=1,
+                        replace=True)
     acc = db.accelerate(f"{DB}.rej", ["note"])  # no public keys: private partition selection
     q = f"SELECT note, COUNT(*) AS n FROM {DB}.rej GROUP BY note"
     rw = prepare(db, q, epsilon=1.0, delta=1e-6).rewritten.sql

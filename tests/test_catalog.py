@@ -43,17 +43,17 @@ def test_persisted_in_the_engine(cat, db):
 
 
 def test_salt_is_secret_and_stable(cat):
-    e1 = cat.register(f"{DB}.sales", privacy_unit="uid")
+    e1 = cat.register(f"{DB}.sales", privacy_unit="uid", replace=True)
     assert len(e1.salt) == 32 and e1.salt not in repr(e1) and e1.salt not in str(e1.to_dict())
     assert e1.salt not in e1.describe()
-    e2 = cat.register(f"{DB}.sales", privacy_unit="uid", bounds={"amount": (0, 1)})
+    e2 = cat.register(f"{DB}.sales", privacy_unit="uid", bounds={"amount": (0, 1)}, replace=True)
     assert e2.salt == e1.salt  # re-registration keeps the salt
-    e3 = cat.register(f"{DB}.sales", privacy_unit="uid", rotate_salt=True)
+    e3 = cat.register(f"{DB}.sales", privacy_unit="uid", bounds={"amount": (0, 1)}, rotate_salt=True)
     assert e3.salt != e1.salt
 
 
 def test_columns_restriction_and_row_level(cat):
-    e = cat.register(f"{DB}.sales", columns=["region", "amount"], bounds={"amount": (0, 10)})
+    e = cat.register(f"{DB}.sales", columns=["region", "amount"], bounds={"amount": (0, 10)}, replace=True)
     assert e.row_level and set(e.columns) == {"region", "amount"}
     assert e.max_groups_contributed == 1 and e.max_rows_per_unit == 1
 

@@ -232,7 +232,7 @@ def test_accepted_functions_never_throw_on_extreme_values(tdb, condition):
 def test_nullable_and_total_keys_answer_at_every_k(tdb, key, k):
     tdb.catalog.register(f"{DB}.ext", privacy_unit="user_id", bounds={"qty": (-100, 100), "amount": (0, 500),
                                                                       "price": (0, 100)},
-                         max_groups_contributed=k, max_rows_per_unit=10)
+                         max_groups_contributed=k, max_rows_per_unit=10, replace=True)
     df = tdb.query(f"SELECT {key} AS g, COUNT(*) AS n, SUM(amount) AS s FROM {DB}.ext GROUP BY g",
                    epsilon=1.0, delta=1e-6)
     assert list(df.columns) == ["g", "n", "s"]

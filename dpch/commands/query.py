@@ -1,4 +1,4 @@
-"""`dpch query`, `dpch explain` and `dpch catalog register|show|list|drop`.
+"""`dpch query`, `dpch explain` and `dpch catalog register|update|show|list|drop`.
 
     dpch query "SELECT region, COUNT(*) FROM purchases GROUP BY region" --epsilon 1 [--delta 1e-6]
     dpch explain "SELECT AVG(age) FROM purchases" --epsilon 1
@@ -6,6 +6,7 @@
         --max-groups 1 --max-rows 10 --public-keys region=EU,US,ASIA
     dpch catalog register tpch.nation --public
     dpch catalog register tpch.lineitem --references l_orderkey=tpch.orders.o_orderkey --max-rows 100
+    dpch catalog update purchases --bounds amount=0:800 --max-rows 20   # changes only what it names
     dpch catalog show purchases | dpch catalog list | dpch catalog drop purchases
 
 Connection options (all subcommands): ``--data-dir DIR`` (embedded engine; default $DPCH_DATA_DIR or
@@ -232,7 +233,26 @@ def cmd_catalog_register(args) -> int:
             max_rows_per_unit=args.max_rows, max_rows_per_group=args.max_rows_per_group,
             public_keys=dict(_parse_keys(k) for k in args.public_keys),
             columns=args.columns.split(",") if args.columns else None, rotate_salt=args.rotate_salt,
-            public=args.public, references=_parse_references(args.references))
+            public=args.public, references=_parse_references(args.references), replace=args.replace)
+        print(entry.describe())
+    return 0
+
+
+def cmd_catalog_update(args) -> int:
+    changes: dict = {}
+    for name, value in (("privacy_unit", args.privacy_unit), ("neighbour", args.neighbour),
+                        ("max_groups_contributed", args.max_groups), ("max_rows_per_unit", args.max_rows),
+                        ("max_rows_per_group", args.max_rows_per_group)):
+        if value is not None:
+            changes[name] = value
+    if args.rotate_salt:
+        changes["rotate_salt"] = True
+    bounds = dict(_parse_bounds(args.bounds))
+    bounds.update({col: None for col in args.drop_bounds})
+    keys = dict(_parse_keys(k) for k in args.public_keys)
+    keys.update({col: None for col in args.drop_public_keys})
+    with _connect(args) as db:
+        entry = db.catalog.update(args.table, bounds=bounds, public_keys=keys, **changes)
         print(entry.describe())
     return 0
 
@@ -291,7 +311,7 @@ def register(subparsers) -> None:
     c = subparsers.add_parser("catalog", help="manage the privacy catalog")
     c.set_defaults(func=lambda args: (c.print_help(), 2)[1])
     sub = c.add_subparsers(dest="catalog_command", metavar="ACTION")
-    r = sub.add_parser("register", help="register (or re-register) a table")
+    r = sub.add_parser("register", help="register a table (a registered one only with --replace; see update)")
     r.add_argument("table")
     r.add_argument("--privacy-unit", default=None, help="privacy unit column (omit for row-level privacy)")
     r.add_argument("--neighbour", choices=["add_remove", "substitute"], default="add_remove")
@@ -305,8 +325,24 @@ def register(subparsers) -> None:
     r.add_argument("--public", action="store_true", help="a public table: not protected, joins freely, never charged")
     r.add_argument("--references", action="append", default=[], metavar="COL=DB.TABLE.COL",
                    help="a foreign key to a key of a registered table (the unit is reached through it)")
+    r.add_argument("--replace", action="store_true",
+                   help="replace a registered table's whole entry (what is not named is dropped)")
     _common(r)
     r.set_defaults(func=cmd_catalog_register)
+    u = sub.add_parser("update", help="change only the named parts of a registered table's entry")
+    u.add_argument("table")
+    u.add_argument("--privacy-unit", default=None)
+    u.add_argument("--neighbour", choices=["add_remove", "substitute"], default=None)
+    u.add_argument("--bounds", action="append", default=[], metavar="COL=LO:HI", help="set a column's bounds")
+    u.add_argument("--drop-bounds", action="append", default=[], metavar="COL", help="remove a column's bounds")
+    u.add_argument("--max-groups", type=int, default=None, help="max_groups_contributed (k)")
+    u.add_argument("--max-rows", type=int, default=None, help="max_rows_per_unit (M)")
+    u.add_argument("--max-rows-per-group", type=int, default=None)
+    u.add_argument("--public-keys", action="append", default=[], metavar="COL=V1,V2,...")
+    u.add_argument("--drop-public-keys", action="append", default=[], metavar="COL")
+    u.add_argument("--rotate-salt", action="store_true")
+    _common(u)
+    u.set_defaults(func=cmd_catalog_update)
     s = sub.add_parser("show", help="show one entry")
     s.add_argument("table")
     s.add_argument("--json", action="store_true")

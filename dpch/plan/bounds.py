@@ -99,7 +99,7 @@ class _Bounder:
         if implied is not None:
             return implied
         raise QueryRejected(f"{self.agg_text} needs bounds on column {name!r}: declare them in the catalog, e.g. "
-                            f"db.catalog.register({self.entry.table!r}, ..., bounds={{{name!r}: (lo, hi)}})")
+                            f"db.catalog.update({self.entry.table!r}, bounds={{{name!r}: (lo, hi)}})")
 
     def reject(self, what: str) -> QueryRejected:
         """The rejection ``<aggregate>: <what>``."""
@@ -538,7 +538,7 @@ def _length(b: _Bounder, n: exp.Expression) -> Bounded:
         lo = hi = float(int(bt[len("FixedString("):-1]))  # exactly N bytes (code points <= N: clipped)
     else:
         raise b.reject(f"cannot bound {fname}({arg.name}): it needs bounds on the length of {arg.name!r}: "
-                       f"declare them in the catalog, e.g. db.catalog.register({b.entry.table!r}, ..., "
+                       f"declare them in the catalog, e.g. db.catalog.update({b.entry.table!r}, "
                        f"bounds={{{length_bound_key(arg.name)!r}: (0, hi)}})")
     # UInt64 has no common type with Float64: convert first (a length is far below 2^53)
     return (lo, hi), (f"least(greatest(toFloat64({fname}({quote_ident(arg.name)})), {float_literal(lo)}), "

@@ -210,7 +210,7 @@ class _Planner:
                 raise QueryRejected(
                     f"GROUP BY {', '.join(missing)}: no public key set applies (no public_keys in the catalog, no "
                     "keys= option, not a bounded integer column) and delta = 0, so the groups cannot be released "
-                    "privately. Declare public keys (db.catalog.register(..., public_keys={...}) or keys={...}) "
+                    "privately. Declare public keys (db.catalog.update(table, public_keys={...}) or keys={...}) "
                     "or pass delta > 0 for private partition selection")
             key_mode = "threshold"
             selection_needed = True
