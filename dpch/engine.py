@@ -37,9 +37,11 @@ class Engine(Protocol):
 # types get a classic supertype or a type error, never a Variant (whose conversions the totality
 # rules do not cover: CAST of a Variant holding NaN to an integer throws); no query condition cache
 # (it skips granules where an earlier run matched no row, so the time of a repeated WHERE would
-# tell whether unit 42's rows match it).
+# tell whether unit 42's rows match it); readonly = 2 (no statement derived from analyst SQL can
+# write, whatever slipped past the checks; settings after it may still be set: DESIGN.md inv. 10).
 QUERY_SETTINGS = ("short_circuit_function_evaluation = 'disable', decimal_check_overflow = 0, "
-                  "cast_keep_nullable = 1, use_variant_as_common_type = 0, use_query_condition_cache = 0")
+                  "cast_keep_nullable = 1, use_variant_as_common_type = 0, use_query_condition_cache = 0, "
+                  "readonly = 2")
 
 
 def with_settings(sql: str, extra: dict[str, str] | None = None) -> str:

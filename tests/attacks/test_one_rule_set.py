@@ -206,3 +206,17 @@ def test_public_subquery_joins_and_cross_products_are_refused_free(rdb, sub):
         conn.query(f"SELECT COUNT(*) AS n FROM {T} WHERE region IN ({sub})", epsilon=0.1)
     assert not any("CROSS" in s.upper() or " b," in s for s in spy.seen if PUB in s)
     assert rdb.ledger.history("rules_rich3") == []
+
+
+def test_engine_statements_from_analyst_sql_are_read_only(rdb):
+    """Defence in depth (issue 27 item 3): every statement built from analyst SQL carries
+    readonly = 2, so even a write that slipped past every check would be refused by the engine."""
+    from dpch.engine import with_settings
+
+    rdb.command(f"CREATE TABLE IF NOT EXISTS {harness.DB}.ro_probe (x UInt8) ENGINE = Memory")
+    with pytest.raises(Exception, match="READONLY|readonly"):
+        rdb.backend.command(with_settings(f"INSERT INTO {harness.DB}.ro_probe SELECT 1"))
+    assert int(rdb.raw_query(f"SELECT count() AS n FROM {harness.DB}.ro_probe")["n"].iloc[0]) == 0
+    from dpch.controller import prepare
+
+    assert "readonly = 2" in prepare(rdb, f"SELECT COUNT(*) AS n FROM {T}", epsilon=0.1).rewritten.sql
