@@ -39,16 +39,21 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path):
+    """A real `dpch serve` process on a free port; ``args`` are more `dpch serve` options (the
+    gateway attack tests share it)."""
+
+    def __init__(self, data_dir: Path, *args: str, start_timeout: float = 60):
         self.data_dir = data_dir
+        self.args = args
+        self.start_timeout = start_timeout
         self.port = _free_port()
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen([PY, "-m", "dpch.cli", "serve", "--data-dir", str(self.data_dir), "--port",
-                                      str(self.port), "--body-timeout", "2"], cwd=ROOT,
+                                      str(self.port), "--body-timeout", "2", *self.args], cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 60
+        deadline = time.time() + self.start_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"gateway exited: {self.proc.stdout.read()}")

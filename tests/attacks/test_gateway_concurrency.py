@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from dpch.errors import BackendError
 from dpch.gateway.errors import from_dpch
 from dpch.ledger import Ledger
 from dpch.users import UserStore
+from test_gateway import Server  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -88,30 +88,14 @@ def gw(tmp_path_factory):
         ledger.set_budget(name, "demo.purchases", 100.0, 1e-3)
     ledger.close()
     users.set_limits("alice", {"max_execution_time": SLOW_LIMIT})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([PY, "-m", "dpch.cli", "serve", "--data-dir", str(d), "--port", str(port),
-                             "--engine-sessions", str(SESSIONS)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server = Server(d, "--engine-sessions", str(SESSIONS), start_timeout=90).start()
     try:
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.time() < deadline, "gateway did not start"
-            try:
-                if httpx.get(url + "/ping", timeout=1).text == "Ok.\n":
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        g = {"url": url, "dir": d}
+        g = {"url": server.url, "dir": d}
         for user in USERS:  # warm: the first query of a process imports the planner and makes the probe tables
             assert _post(g, user, FAST).status_code == 200
         yield g
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def _post(gw, user, sql, timeout=120):

@@ -34,6 +34,7 @@ from dpch.gateway.metadata import compile_like, like_match
 from dpch.gateway.svt import MAX_QUERIES
 from dpch.ledger import Ledger
 from dpch.users import UserStore
+from test_gateway import Server  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -61,28 +62,11 @@ def gw(tmp_path_factory):
     ledger = Ledger(d / "ledger.sqlite")
     ledger.set_budget("alice", "demo.purchases", 100.0, 1e-3)
     ledger.close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([PY, "-m", "dpch.cli", "serve", "--data-dir", str(d), "--port", str(port),
-                             "--body-timeout", "2", "--header-timeout", str(HEADER_TIMEOUT),
-                             "--max-connections-per-ip", str(PER_IP)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server = Server(d, "--header-timeout", str(HEADER_TIMEOUT), "--max-connections-per-ip", str(PER_IP)).start()
     try:
-        deadline = time.time() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.time() < deadline, "gateway did not start"
-            try:
-                if httpx.get(url + "/ping", timeout=1).text == "Ok.\n":
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        yield {"url": url, "port": port, "dir": d}
+        yield {"url": server.url, "port": server.port, "dir": d}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def _post(gw, sql, params=None, timeout=60):

@@ -8,10 +8,8 @@ must be identical (status, code, body), and nothing may be charged.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +17,7 @@ import pytest
 
 from dpch.ledger import Ledger
 from dpch.users import UserStore
+from test_gateway import Server  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -51,29 +50,11 @@ def gw(tmp_path_factory):
     ledger = Ledger(d / "ledger.sqlite")
     ledger.set_budget(RICH[0], "demo.purchases", 100.0, 1e-3)
     ledger.close()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([PY, "-m", "dpch.cli", "serve", "--data-dir", str(d), "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server = Server(d, start_timeout=90).start()
     try:
-        deadline = time.time() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.time() < deadline, "gateway did not start"
-            try:
-                if httpx.get(url + "/ping", timeout=1).text == "Ok.\n":
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        yield url, d
+        yield server.url, d
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 def _charges(d: Path) -> int:
