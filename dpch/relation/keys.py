@@ -14,25 +14,15 @@ from __future__ import annotations
 
 import re
 
+from ..catalog_model import base_type  # Nullable/LowCardinality do not change how keys compare
 from .syntax import _reject
 
-_WRAPPERS = re.compile(r"^(Nullable|LowCardinality)\((.*)\)$")
 _INTS = re.compile(r"^U?Int(8|16|32|64|128|256)$")
 _STRINGS = re.compile(r"^(String|FixedString\(\d+\))$")
 _FLOATS = ("Float32", "Float64")
 _DECIMAL = re.compile(r"^Decimal(?:32|64|128|256)?\(\s*(?:\d+\s*,\s*)?(\d+)\s*\)$")
 _DT64 = re.compile(r"^DateTime64\(\s*(\d+)\s*(?:,.*)?\)$")
 _DATETIME = re.compile(r"^DateTime(?:\(.*\))?$")
-
-
-def base_type(t: str) -> str:
-    """The type without Nullable(…) / LowCardinality(…) (they do not change how keys compare)."""
-    t = t.strip()
-    while True:
-        m = _WRAPPERS.match(t)
-        if m is None:
-            return t
-        t = m.group(2).strip()
 
 
 def comparable(a: str, b: str) -> bool:

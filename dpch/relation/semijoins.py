@@ -9,11 +9,11 @@ from typing import Mapping
 
 from sqlglot import exp
 
-from ..catalog import TableEntry, quote_ident
+from ..catalog import TableEntry, base_type, quote_ident
 from ..errors import CatalogError
 from ..units import unit_path
 from .chains import unit_chain
-from .keys import base_type, check_key_types
+from .keys import check_key_types
 from .model import _Instance
 from .syntax import SemiJoin, _conjuncts, _reject, unsupported_clause
 
