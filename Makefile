@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
+.PHONY: install system-deps demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -21,8 +21,25 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/dpch demo
 
+# Debian packages some tests drive for real: PostgreSQL (the shared ledger store) and Chromium (the
+# web console's browser test). Installed with apt-get only when missing and only as root (CI); the
+# tests that need them skip with the reason otherwise.
+SYSTEM_PACKAGES = postgresql chromium
+system-deps:
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages:$$missing"; \
+	    (apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null)) \
+	     || echo "warning: apt-get install$$missing failed; the tests that need them skip"; \
+	  else echo "note:$$missing not installed (needs root and apt-get); the tests that need them skip"; fi; \
+	fi
+
 # lint-imports: the layer contracts of pyproject.toml (docs/ARCHITECTURE.md); a violation fails first
-test: install
+test: install system-deps
 	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -q
 

@@ -60,8 +60,13 @@ setup(
         "udf": [],
         # tpchgen-cli: tests/test_tpch.py generates SF 0.01; import-linter (and its grimp): the layer
         # contracts of pyproject.toml (`lint-imports` in make test) and tests/test_architecture.py
+        # pytest-xdist: make test runs on every core; the client libraries (issue 30) are driven against
+        # the real gateway by tests/clients; psycopg: the PostgreSQL ledger store (a real server from
+        # Debian's postgresql package, started by the tests); playwright: the web console's browser test
+        # (Debian's chromium, installed by `make system-deps`)
         "test": ["pytest>=8", "hypothesis>=6.100", "testcontainers>=4.0", "dp-accounting>=0.4", "httpx>=0.27",
-                 "tpchgen-cli>=4.0", "import-linter>=2.1"],
+                 "tpchgen-cli>=4.0", "import-linter>=2.1", "pytest-xdist>=3.5", "clickhouse-driver>=0.2.9",
+                 "sqlalchemy>=2.0", "ibis-framework[clickhouse]>=10.0", "psycopg[binary]>=3.2", "playwright>=1.45"],
         "bench": ["smartnoise-sql", "pipeline-dp", "opendp[polars]"],
         # bench/bench_tpch.py: the TPC-H data generator (writes Parquet; no other dependency)
         "tpch": ["tpchgen-cli>=4.0"],
