@@ -35,3 +35,4 @@ from .costs import (_all_mechanisms, _check_mechanism, _finite_pos, _ratio, _req
 from .accountants import (Accountant, AdaptiveAccountant, AdvancedAccountant, BasicAccountant, OptimalAccountant, PaperGaussianAccountant, PureAccountant, ZcdpAccountant, _DeclaredMixin, _SimpleCompositionFilter)  # noqa: F401
 from .odp import (OdpAccountant, odp_filter, odp_realized, odp_round)  # noqa: F401
 from .registry import (ACCOUNTANTS, budget_fields, get_accountant, make_budget)  # noqa: F401
+from .state import ComposedState, exact_sum  # noqa: F401

@@ -9,7 +9,8 @@ from typing import Callable, Sequence
 from ..cost import PrivacyCost
 from .budget import Budget, CostNotSupported, Decision, MAX_DECLARED_QUERIES, Spent, _fmt, _le
 from .bounds import advanced_filter_epsilon, dr_advanced_epsilon, gaussian_paper_k, homogeneous_bounds, kov_delta, kov_epsilon, zcdp_budget, zcdp_to_dp
-from .costs import _all_mechanisms, _check_mechanism, _finite_pos, _ratio, _require, dp_params, pure_epsilon, query_dp, zcdp_rho
+from .state import ComposedState
+from .costs import _check_mechanism, _finite_pos, _ratio, _require, dp_params, pure_epsilon, query_dp, zcdp_rho
 
 class Accountant:
     """Base class. Subclasses implement `validate`, `spent`, `limits` and `violation`."""
@@ -54,9 +55,29 @@ class Accountant:
             _require(getattr(budget, n) is None, f"the {self.name} accountant does not use {n}")
 
     # -- accounting -------------------------------------------------------------------------
+    def sum_terms(self, budget: Budget, cost: PrivacyCost) -> dict[str, list[float]]:
+        """The terms one query adds to each of this accountant's running sums (the composition is
+        a function of these sums and the number of queries only). Raises CostNotSupported."""
+        raise NotImplementedError
+
+    def fold(self, budget: Budget, costs: Sequence[PrivacyCost]) -> ComposedState:
+        """The composed state of a whole sequence (exact sums). Raises CostNotSupported."""
+        state = ComposedState()
+        for c in costs:
+            state = state.extend(self.sum_terms(budget, c))
+        return state
+
+    def spent_from(self, budget: Budget, state: ComposedState) -> Spent:
+        """What a composed state spends, in this accountant's currency."""
+        raise NotImplementedError
+
+    def violation_from(self, budget: Budget, state: ComposedState, last: PrivacyCost, spent: Spent) -> str | None:
+        """Why the composed sequence (`last` being its newest query) breaks the theorem, or None."""
+        raise NotImplementedError
+
     def spent(self, budget: Budget, costs: Sequence[PrivacyCost]) -> Spent:
         """What the sequence spends, in this accountant's currency. Raises CostNotSupported."""
-        raise NotImplementedError
+        return self.spent_from(budget, self.fold(budget, costs))
 
     def limits(self, budget: Budget) -> Spent:
         """The maximum of each currency (queries=None: unlimited)."""
@@ -64,10 +85,10 @@ class Accountant:
 
     def violation(self, budget: Budget, costs: Sequence[PrivacyCost], spent: Spent) -> str | None:
         """Why the sequence (the last element being the new query) breaks the theorem, or None."""
-        raise NotImplementedError
+        return self.violation_from(budget, self.fold(budget, costs), costs[-1], spent)
 
-    def _count_violation(self, budget: Budget, costs: Sequence[PrivacyCost]) -> str | None:
-        if budget.max_queries is not None and len(costs) > budget.max_queries:
+    def _count_violation(self, budget: Budget, n: int) -> str | None:
+        if budget.max_queries is not None and n > budget.max_queries:
             if budget.declared:
                 return f"the budget declares k = {budget.max_queries} queries and all are used"
             return f"the budget allows at most {budget.max_queries} queries"
@@ -84,18 +105,25 @@ class Accountant:
 
     def decide(self, budget: Budget, accepted: Sequence[PrivacyCost], new: PrivacyCost) -> Decision:
         """Accept `new` after `accepted` iff the accountant's theorem allows the whole sequence."""
-        before = self.spent(budget, accepted)
+        return self.decide_from(budget, self.fold(budget, accepted), new)[0]
+
+    def decide_from(self, budget: Budget, state: ComposedState,
+                    new: PrivacyCost) -> tuple[Decision, ComposedState | None]:
+        """`decide` from the composed state of the accepted sequence (O(1) in its length); also
+        returns the state after `new` when it is accepted (None otherwise)."""
+        before = self.spent_from(budget, state)
         try:
-            after = self.spent(budget, [*accepted, new])
+            after_state = state.extend(self.sum_terms(budget, new))
         except CostNotSupported as exc:
             return Decision(False, f"the {self.name} accountant cannot charge this query: {exc.args[0]}",
-                            before, self.remaining(budget, before), None)
+                            before, self.remaining(budget, before), None), None
+        after = self.spent_from(budget, after_state)
         needs = Spent(epsilon=max(0.0, after.epsilon - before.epsilon), delta=max(0.0, after.delta - before.delta),
                       rho=None if after.rho is None else max(0.0, after.rho - (before.rho or 0.0)), queries=1)
-        reason = self._count_violation(budget, [*accepted, new]) or self.violation(budget, [*accepted, new], after)
+        reason = self._count_violation(budget, after_state.n) or self.violation_from(budget, after_state, new, after)
         if reason is not None:
-            return Decision(False, reason, before, self.remaining(budget, before), needs)
-        return Decision(True, "accepted", after, self.remaining(budget, after), needs)
+            return Decision(False, reason, before, self.remaining(budget, before), needs), None
+        return Decision(True, "accepted", after, self.remaining(budget, after), needs), after_state
 
     def per_query_violation(self, budget: Budget, cost: PrivacyCost) -> str | None:
         """A condition on a single query (declared ε0/δ0, the paper's per-query ratio k), if any."""
@@ -119,7 +147,7 @@ class Accountant:
             return exc.args[0]
         if not costs:
             return None
-        problem = self._count_violation(budget, costs) or self.violation(budget, costs, s)
+        problem = self._count_violation(budget, len(costs)) or self.violation(budget, costs, s)
         if problem is None and reserved is not None:
             problem = self.settlement_violation(budget, costs, reserved)
         return problem
@@ -198,13 +226,16 @@ class PureAccountant(_SimpleCompositionFilter, Accountant):
     def _terms(self, cost):
         return [pure_epsilon(m) for m in cost.mechanisms], []
 
-    def spent(self, budget, costs):
-        return Spent(epsilon=math.fsum(pure_epsilon(m) for m in _all_mechanisms(costs)), queries=len(costs))
+    def sum_terms(self, budget, cost):
+        return {"eps": [pure_epsilon(m) for m in cost.mechanisms]}
+
+    def spent_from(self, budget, state):
+        return Spent(epsilon=state.value("eps"), queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=0.0, queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
+    def violation_from(self, budget, state, last, spent):
         if not _le(spent.epsilon, budget.epsilon):
             return f"Σ S(f)/p would be {_fmt(spent.epsilon)} > ε = {_fmt(budget.epsilon)} (paper Thm 3)"
         return None
@@ -228,18 +259,17 @@ class BasicAccountant(_SimpleCompositionFilter, Accountant):
         e, d = query_dp(cost)
         return [e], [d]
 
-    def spent(self, budget, costs):
-        eps, dels = [], []
-        for c in costs:
-            e, d = query_dp(c)
-            eps.append(e)
-            dels.append(d)
-        return Spent(epsilon=math.fsum(eps), delta=math.fsum(dels), queries=len(costs))
+    def sum_terms(self, budget, cost):
+        e, d = query_dp(cost)
+        return {"eps": [e], "delta": [d]}
+
+    def spent_from(self, budget, state):
+        return Spent(epsilon=state.value("eps"), delta=state.value("delta"), queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
+    def violation_from(self, budget, state, last, spent):
         if not _le(spent.epsilon, budget.epsilon):
             return f"Σε would be {_fmt(spent.epsilon)} > ε = {_fmt(budget.epsilon)} (basic composition)"
         if not _le(spent.delta, budget.delta):
@@ -259,10 +289,13 @@ class _DeclaredMixin:
                  f"the {self.name} accountant in declared mode needs max_queries (k) and per_query_epsilon (ε0)")
         _require(budget.max_queries <= MAX_DECLARED_QUERIES, f"max_queries must be <= {MAX_DECLARED_QUERIES}")
 
-    def _declared_spent(self, budget: Budget, costs, bound: Callable[[int], float]) -> Spent:
-        for c in costs:
-            query_dp(c)  # raises CostNotSupported for mechanisms without an (ε, δ) guarantee
-        n = len(costs)
+    @staticmethod
+    def _declared_terms(cost: PrivacyCost) -> dict[str, list[float]]:
+        query_dp(cost)  # raises CostNotSupported for mechanisms without an (ε, δ) guarantee
+        return {}
+
+    @staticmethod
+    def _declared_spent(budget: Budget, n: int, bound: Callable[[int], float]) -> Spent:
         return Spent(epsilon=bound(n) if n else 0.0, delta=budget.delta if n else 0.0, queries=n)
 
     def per_query_violation(self, budget: Budget, cost: PrivacyCost) -> str | None:
@@ -270,10 +303,10 @@ class _DeclaredMixin:
             return None
         return self._declared_query_violation(budget, cost)
 
-    def _declared_violation(self, budget: Budget, costs) -> str | None:
-        if len(costs) > budget.max_queries:
+    def _declared_violation(self, budget: Budget, n: int, last: PrivacyCost) -> str | None:
+        if n > budget.max_queries:
             return f"the budget declares k = {budget.max_queries} queries and all are used"
-        return self._declared_query_violation(budget, costs[-1])
+        return self._declared_query_violation(budget, last)
 
     def _declared_query_violation(self, budget: Budget, cost: PrivacyCost) -> str | None:
         e, d = query_dp(cost)
@@ -328,38 +361,36 @@ class AdvancedAccountant(_DeclaredMixin, Accountant):
             return budget.delta - budget.max_queries * budget.per_query_delta
         return budget.delta - budget.mechanism_delta
 
-    def spent(self, budget, costs):
+    def sum_terms(self, budget, cost):
         if budget.declared:
-            if not costs:
-                return Spent()
-            dprime = self._dprime(budget)
-            return self._declared_spent(budget, costs, lambda n: dr_advanced_epsilon(n, budget.per_query_epsilon, dprime))
-        sq, dels = self._filter_sums(costs)
-        if not costs:
-            return Spent()
-        # δ spent: the tail δ' (committed by the first query) plus the mechanisms' own δ_j
-        return Spent(epsilon=advanced_filter_epsilon(sq, self._dprime(budget)), delta=self._dprime(budget) + dels,
-                     queries=len(costs))
-
-    @staticmethod
-    def _filter_sums(costs) -> tuple[float, float]:
+            return self._declared_terms(cost)
         sq, dels = [], []
-        for m in _all_mechanisms(costs):
+        for m in cost.mechanisms:
             e, d = dp_params(m)
             sq.append(e * e)
             dels.append(d)
-        return math.fsum(sq), math.fsum(dels)
+        return {"sq": sq, "delta": dels}
+
+    def spent_from(self, budget, state):
+        if not state.n:
+            return Spent()
+        dprime = self._dprime(budget)
+        if budget.declared:
+            return self._declared_spent(budget, state.n, lambda n: dr_advanced_epsilon(n, budget.per_query_epsilon, dprime))
+        # δ spent: the tail δ' (committed by the first query) plus the mechanisms' own δ_j
+        return Spent(epsilon=advanced_filter_epsilon(state.value("sq"), dprime), delta=dprime + state.value("delta"),
+                     queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
+    def violation_from(self, budget, state, last, spent):
         if budget.declared:
-            return self._declared_violation(budget, costs)
+            return self._declared_violation(budget, state.n, last)
         if not _le(spent.epsilon, budget.epsilon):
             return (f"the advanced-composition filter bound would be {_fmt(spent.epsilon)} > ε = {_fmt(budget.epsilon)} "
                     f"(Whitehouse et al. 2023)")
-        _, dels = self._filter_sums(costs)
+        dels = state.value("delta")
         if not _le(dels, budget.mechanism_delta):
             return f"the mechanisms' Σδ would be {_fmt(dels)} > δ'' = {_fmt(budget.mechanism_delta)} (mechanism_delta)"
         return None
@@ -388,14 +419,17 @@ class OptimalAccountant(_DeclaredMixin, Accountant):
         e = kov_epsilon(n, float(budget.per_query_epsilon), float(budget.per_query_delta), float(budget.delta))
         return n * budget.per_query_epsilon if e is None else e
 
-    def spent(self, budget, costs):
-        return self._declared_spent(budget, costs, lambda n: self._eps(budget, n)) if costs else Spent()
+    def sum_terms(self, budget, cost):
+        return self._declared_terms(cost)
+
+    def spent_from(self, budget, state):
+        return self._declared_spent(budget, state.n, lambda n: self._eps(budget, n)) if state.n else Spent()
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
-        return self._declared_violation(budget, costs)
+    def violation_from(self, budget, state, last, spent):
+        return self._declared_violation(budget, state.n, last)
 
 
 class AdaptiveAccountant(_DeclaredMixin, Accountant):
@@ -445,28 +479,27 @@ class AdaptiveAccountant(_DeclaredMixin, Accountant):
         name = min(bounds, key=bounds.__getitem__)
         return name, bounds[name]
 
-    def _filter_parts(self, budget, costs) -> tuple[float, float]:
-        eps = [pure_epsilon(m) for m in _all_mechanisms(costs)]
-        basic = math.fsum(eps)
-        adv = advanced_filter_epsilon(math.fsum(e * e for e in eps), budget.delta) if budget.delta > 0 else math.inf
-        return basic, adv
-
-    def spent(self, budget, costs):
+    def sum_terms(self, budget, cost):
         if budget.declared:
-            if not costs:
-                return Spent()
-            return self._declared_spent(budget, costs, lambda n: self.best_bound(budget, n)[1])
-        basic, adv = self._filter_parts(budget, costs)
-        if not costs:
+            return self._declared_terms(cost)
+        eps = [pure_epsilon(m) for m in cost.mechanisms]
+        return {"eps": eps, "sq": [e * e for e in eps]}
+
+    def spent_from(self, budget, state):
+        if not state.n:
             return Spent()
-        return Spent(epsilon=min(basic, adv), delta=budget.delta if adv < basic else 0.0, queries=len(costs))
+        if budget.declared:
+            return self._declared_spent(budget, state.n, lambda n: self.best_bound(budget, n)[1])
+        basic = state.value("eps")
+        adv = advanced_filter_epsilon(state.value("sq"), budget.delta) if budget.delta > 0 else math.inf
+        return Spent(epsilon=min(basic, adv), delta=budget.delta if adv < basic else 0.0, queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
+    def violation_from(self, budget, state, last, spent):
         if budget.declared:
-            return self._declared_violation(budget, costs)
+            return self._declared_violation(budget, state.n, last)
         if not _le(spent.epsilon, budget.epsilon):
             return (f"both the basic (Σε) and the advanced filter bound exceed ε = {_fmt(budget.epsilon)} "
                     f"(smallest: {_fmt(spent.epsilon)})")
@@ -510,11 +543,13 @@ class PaperGaussianAccountant(Accountant):
             parts.append(r * r)
         return math.fsum(parts)
 
-    def spent(self, budget, costs):
-        if not costs:
+    def sum_terms(self, budget, cost):
+        return {"ratio_sq": [self._ratio_sq(cost)]}
+
+    def spent_from(self, budget, state):
+        if not state.n:
             return Spent()
-        total = math.fsum(self._ratio_sq(c) for c in costs)
-        return Spent(epsilon=total + budget.gamma, delta=budget.delta, queries=len(costs))
+        return Spent(epsilon=state.value("ratio_sq") + budget.gamma, delta=budget.delta, queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, queries=budget.max_queries)
@@ -526,8 +561,8 @@ class PaperGaussianAccountant(Accountant):
             return f"S(f)/σ = {_fmt(r)} > k = {_fmt(k)} (paper Thm 5 with γ = {_fmt(budget.gamma)}, n = {budget.max_queries})"
         return None
 
-    def violation(self, budget, costs, spent):
-        problem = self.per_query_violation(budget, costs[-1])
+    def violation_from(self, budget, state, last, spent):
+        problem = self.per_query_violation(budget, last)
         if problem is not None:
             return problem
         if not _le(spent.epsilon, budget.epsilon):
@@ -560,32 +595,31 @@ class ZcdpAccountant(Accountant):
     def rho_budget(self, budget: Budget) -> float:
         return zcdp_budget(float(budget.epsilon), float(budget.delta - budget.mechanism_delta))
 
-    @staticmethod
-    def _sums(costs) -> tuple[float, float]:
+    def sum_terms(self, budget, cost):
         rhos, dels = [], []
-        for m in _all_mechanisms(costs):
+        for m in cost.mechanisms:
             r, d = zcdp_rho(m)
             rhos.append(r)
             dels.append(d)
-        return math.fsum(rhos), math.fsum(dels)
+        return {"rho": rhos, "delta": dels}
 
-    def spent(self, budget, costs):
-        rho, dels = self._sums(costs)
-        if not costs:
+    def spent_from(self, budget, state):
+        rho, dels = state.value("rho"), state.value("delta")
+        if not state.n:
             return Spent(rho=0.0)
         delta_conv = budget.delta - budget.mechanism_delta
         # ε: the (ε, δ') guarantee of what is spent so far; δ: δ' (committed by the first query) + Σδ_j
-        return Spent(epsilon=zcdp_to_dp(rho, delta_conv), delta=delta_conv + dels, rho=rho, queries=len(costs))
+        return Spent(epsilon=zcdp_to_dp(rho, delta_conv), delta=delta_conv + dels, rho=rho, queries=state.n)
 
     def limits(self, budget):
         return Spent(epsilon=budget.epsilon, delta=budget.delta, rho=self.rho_budget(budget), queries=budget.max_queries)
 
-    def violation(self, budget, costs, spent):
+    def violation_from(self, budget, state, last, spent):
         rb = self.rho_budget(budget)
         if not _le(spent.rho, rb):
             return (f"Σρ would be {_fmt(spent.rho)} > ρ budget {_fmt(rb)} (the largest ρ that converts to "
                     f"ε = {_fmt(budget.epsilon)} at δ = {_fmt(budget.delta - budget.mechanism_delta)})")
-        _, dels = self._sums(costs)
+        dels = state.value("delta")
         if dels > 0 and not _le(dels, budget.mechanism_delta):
             if budget.mechanism_delta == 0:
                 return ("the query has an (ε, δ)-DP part with δ > 0; the zcdp budget reserves no δ for mechanisms "

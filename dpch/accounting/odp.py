@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..cost import MechanismCost, PrivacyCost
 from ..errors import InvalidParameter
-from .budget import CostNotSupported, Spent, _fmt, _le
+from .budget import CostNotSupported, _fmt, _le
 from .costs import dp_params
 from .accountants import BasicAccountant
 
@@ -103,21 +103,15 @@ class OdpAccountant(BasicAccountant):
             dels.append(d)
         return eps, dels
 
-    def _sequence(self, costs) -> tuple[list[float], list[float]]:
-        eps, dels = [], []
-        for c in costs:
-            e, d = self._terms(c)
-            eps.extend(e)
-            dels.extend(d)
-        return eps, dels
+    def sum_terms(self, budget, cost):
+        eps, dels = self._terms(cost)
+        return {"eps": eps, "delta": dels}
 
-    def spent(self, budget, costs):
-        eps, dels = self._sequence(costs)
-        return Spent(epsilon=math.fsum(eps), delta=math.fsum(dels), queries=len(costs))
+    # spent_from is basic's: Σ ε^i and Σ δ_i over every round, exactly summed
 
-    def violation(self, budget, costs, spent):
-        eps, dels = self._sequence(costs)
-        if odp_filter(eps, dels, budget.epsilon, budget.delta) == "CONT":
+    def violation_from(self, budget, state, last, spent):
+        # the filter on the exact sums: the same test as odp_filter on the list of rounds
+        if odp_filter([spent.epsilon], [spent.delta], budget.epsilon, budget.delta) == "CONT":
             return None
         if not _le(spent.epsilon, budget.epsilon):
             return (f"Σ realised ε + the worst case of the unsettled and of this query would be {_fmt(spent.epsilon)} "

@@ -28,9 +28,9 @@ import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ..errors import LedgerError
+from ..errors import Advice, LedgerError
 from .records import APP_NAME, APPLICATION_ID, SCHEMA_VERSION, ChargeRecord, check_totals
-from .sqlite_txn import COLUMNS, SCHEMA, SQLiteTxn
+from .sqlite_txn import COLUMNS, SCHEMA, STATE_COLUMNS, STATE_TABLE, SQLiteTxn
 
 T = TypeVar("T")
 
@@ -179,6 +179,8 @@ class _SharedConnection:
             have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
             if have != cols:
                 raise LedgerError(f"ledger {self.path} has the wrong schema (table {table} has columns {have})")
+        if "budget_state" in tables and [r[1] for r in conn.execute("PRAGMA table_info(budget_state)")] != STATE_COLUMNS:
+            raise LedgerError(f"ledger {self.path} has the wrong schema (table budget_state)")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         if meta.get("app") != APP_NAME:
             raise LedgerError(f"ledger {self.path} has the wrong schema (not a DPCH ledger)")
@@ -192,7 +194,10 @@ class _SharedConnection:
             raise LedgerError(f"ledger {self.path} is not in WAL mode ({mode}); it was not created by DPCH")
 
     def _upgrade(self) -> None:
-        """Schema 1 → 2: start the event chain over the events stored so far (logged)."""
+        """Schema 1 → 2: start the event chain over the events stored so far (logged). Any schema:
+        add the incremental-state table if it is missing (its rows are recomputed when absent)."""
+        if self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='budget_state'").fetchone() is None:
+            self.transaction(lambda txn: txn.conn.execute(STATE_TABLE))
         def fn(txn: SQLiteTxn) -> None:
             version = txn.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
             if version == "1":
@@ -337,8 +342,10 @@ def _acquire(path: Path, create: bool, timeout: float) -> _SharedConnection:
         key = _file_id(path)
         if key is None:
             if not create:
-                raise LedgerError(f"ledger not found at {path}; no query can be answered. Create it with "
-                                  f"`dpch budget set ... --ledger {path}` (or Ledger(path, create=True))")
+                raise LedgerError(f"ledger not found at {path}; no query can be answered.", advice=Advice(
+                    python=f"Create it with Ledger({str(path)!r}, create=True).",
+                    cli=f"Create it with `dpch budget set ... --ledger {path}`.",
+                    gateway="Ask the gateway's administrator to create the ledger (dpch budget set)."))
             create_ledger_file(path)
             key = _file_id(path)
             if key is None:

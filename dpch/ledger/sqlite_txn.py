@@ -13,6 +13,14 @@ from pathlib import Path
 from ..errors import LedgerError
 from .records import BudgetRow, ChargeRecord, Event, row_checksum
 
+# the incremental accountant state (dpch/ledger/state.py): created by new ledgers and, IF NOT EXISTS,
+# when an older schema-2 ledger is opened; a missing or stale row is recomputed, never trusted
+STATE_TABLE = """CREATE TABLE IF NOT EXISTS budget_state (
+        analyst TEXT NOT NULL, dataset TEXT NOT NULL, generation INTEGER NOT NULL,
+        state TEXT NOT NULL, checksum TEXT NOT NULL,
+        PRIMARY KEY (analyst, dataset, generation))"""
+STATE_COLUMNS = ["analyst", "dataset", "generation", "state", "checksum"]
+
 _SCHEMA = [
     """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
     """CREATE TABLE budgets (
@@ -40,6 +48,7 @@ _SCHEMA = [
         id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, kind TEXT NOT NULL,
         analyst TEXT, dataset TEXT, charge_id INTEGER, detail TEXT NOT NULL,
         checksum TEXT NOT NULL)""",
+    STATE_TABLE,
 ]
 
 _COLUMNS = {
@@ -178,6 +187,24 @@ class SQLiteTxn:
                                 values[1:] + [row_checksum(values), rec.id])
         if cur.rowcount != 1:
             raise LedgerError(f"ledger {self.path}: charge #{rec.id} vanished during an update")
+
+    def last_charge_id(self, analyst, dataset, generation):
+        row = self.conn.execute("SELECT MAX(id) FROM charges WHERE analyst=? AND dataset=? AND generation=?",
+                                (analyst, dataset, generation)).fetchone()
+        return row[0] or 0
+
+    # -- incremental accountant state -------------------------------------------------------
+    def get_state(self, analyst, dataset, generation):
+        row = self.conn.execute("SELECT state, checksum FROM budget_state WHERE analyst=? AND dataset=? AND generation=?",
+                                (analyst, dataset, generation)).fetchone()
+        if row is None or row_checksum([analyst, dataset, int(generation), row[0]]) != row[1]:
+            return None  # missing or altered: the caller recomputes from the charges
+        return row[0]
+
+    def put_state(self, analyst, dataset, generation, state):
+        values = [analyst, dataset, int(generation), state]
+        self.conn.execute("INSERT OR REPLACE INTO budget_state (analyst, dataset, generation, state, checksum) "
+                          "VALUES (?, ?, ?, ?, ?)", values + [row_checksum(values)])
 
     # -- events -----------------------------------------------------------------------------
     def add_event(self, kind, analyst, dataset, charge_id, detail):

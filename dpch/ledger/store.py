@@ -1,5 +1,6 @@
 """The storage interface behind the ledger: a linearizable store of budgets, charges and events.
-`dpch/ledger/sqlite_store.py` is the single-host implementation."""
+`dpch/ledger/sqlite_store.py` is the single-host implementation, `dpch/ledger/postgres_store.py` the
+shared one (several gateways on one PostgreSQL ledger)."""
 from __future__ import annotations
 
 from typing import Callable, Protocol, TypeVar
@@ -19,6 +20,10 @@ class LedgerTxn(Protocol):
     def get_charge(self, charge_id: int) -> ChargeRecord | None: ...
     def insert_charge(self, rec: ChargeRecord) -> int: ...  # rec.id is ignored; returns the new id
     def update_charge(self, rec: ChargeRecord) -> None: ...
+    def last_charge_id(self, analyst: str, dataset: str, generation: int) -> int: ...  # 0: none; O(log n)
+    # the incremental accountant state (dpch/ledger/state.py): None if missing or its checksum fails
+    def get_state(self, analyst: str, dataset: str, generation: int) -> str | None: ...
+    def put_state(self, analyst: str, dataset: str, generation: int, state: str) -> None: ...
     def add_event(self, kind: str, analyst: str | None, dataset: str | None, charge_id: int | None,
                   detail: dict) -> int: ...
     def events(self, analyst: str | None = None, dataset: str | None = None,
