@@ -49,7 +49,7 @@ def test_missing_ledger_without_create(tmp_path):
 
 
 def test_budget_roundtrip_and_no_budget_message(ledger):
-    with pytest.raises(LedgerError, match="no budget set for analyst 'alice' on dataset 'purchases'.*dpch budget set"):
+    with pytest.raises(LedgerError, match="no budget set for analyst 'alice' on dataset 'purchases'.*db.ledger.set_budget"):
         ledger.get_budget("alice", "purchases")
     with pytest.raises(LedgerError, match="no budget set"):
         ledger.remaining("alice", "purchases")

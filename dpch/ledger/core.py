@@ -11,13 +11,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..accounting import (ACCOUNTANTS, SETTLED_KIND, Budget, CostNotSupported, Decision, _fmt, dp_params, get_accountant,
+from ..accounting import (ACCOUNTANTS, SETTLED_KIND, Budget, Decision, _fmt, dp_params, get_accountant,
                           make_budget)
 from ..cost import MechanismCost, PrivacyCost
-from ..errors import BudgetExceeded, InvalidParameter, LedgerError, QueryRejected
+from ..errors import BudgetExceeded, InvalidParameter, LedgerError, NoBudget, QueryRejected
 from .records import (BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, Settlement, budget_dict, check_name,
                       check_totals, cost_from_json, cost_numbers, cost_to_json, cost_to_json_checked,
-                      default_ledger_path, no_budget_message, settlement_split, spent_dict, summarize, totals)
+                      default_ledger_path, spent_dict, summarize, totals)
+from . import state as incremental
 from .sqlite_store import SQLiteLedgerStore
 from .store import LedgerStore, LedgerTxn
 
@@ -73,6 +74,7 @@ class Ledger:
             for b in txn.list_budgets():
                 rows = txn.charges(b.analyst, b.dataset, b.generation)
                 self._check_history(b, rows)
+                incremental.check(txn, self.path, b, rows)  # the stored state == a full recomputation
         self.store.read(check)
 
     def _check_history(self, b: BudgetRow, rows: Sequence[ChargeRecord]) -> None:
@@ -121,38 +123,31 @@ class Ledger:
     def get_budget(self, analyst: str, dataset: str) -> Budget:
         row = self.store.read(lambda txn: txn.get_budget(analyst, dataset))
         if row is None:
-            raise LedgerError(no_budget_message(analyst, dataset))
+            raise NoBudget(analyst, dataset)
         return row.budget()
 
     def remaining(self, analyst: str, dataset: str) -> BudgetStatus:
         return self.store.read(lambda txn: self._status(*self._current(txn, analyst, dataset)))
 
-    def _current(self, txn: LedgerTxn, analyst: str, dataset: str) -> tuple[BudgetRow, list[ChargeRecord]]:
-        """The budget and its current generation's charges, totals checked (LedgerError if unset)."""
+    def _current(self, txn: LedgerTxn, analyst: str, dataset: str) -> tuple[BudgetRow, incremental.BudgetState]:
+        """The budget and its current generation's composed state (dpch/ledger/state.py: the stored
+        one if trustworthy, else recomputed from every charge with the totals checked)."""
         row = txn.get_budget(analyst, dataset)
         if row is None:
-            raise LedgerError(no_budget_message(analyst, dataset))
-        rows = txn.charges(analyst, dataset, row.generation)
-        check_totals(self.path, row, rows)
-        return row, rows
+            raise NoBudget(analyst, dataset)
+        return row, incremental.load(txn, self.path, row)
 
     def budgets(self) -> list[BudgetStatus]:
         def fn(txn: LedgerTxn) -> list[BudgetStatus]:
-            out = []
-            for row in txn.list_budgets():
-                out.append(self._status(row, txn.charges(row.analyst, row.dataset, row.generation)))
-            return out
+            return [self._status(row, incremental.load(txn, self.path, row)) for row in txn.list_budgets()]
         return self.store.read(fn)
 
-    def _status(self, row: BudgetRow, rows: Sequence[ChargeRecord]) -> BudgetStatus:
+    def _status(self, row: BudgetRow, st: incremental.BudgetState) -> BudgetStatus:
         budget = row.budget()
         acc = get_accountant(row.accountant)
-        try:
-            spent = acc.spent(budget, [r.effective_cost() for r in rows])
-        except CostNotSupported as exc:
-            raise LedgerError(f"ledger {self.path} is inconsistent: {exc.args[0]}") from None
-        realized, reserved, refunded, n_settled, n_held = settlement_split(rows)
-        return BudgetStatus(row.analyst, row.dataset, budget, spent, acc.remaining(budget, spent), len(rows), row.generation,
+        spent = acc.spent_from(budget, st.composed)
+        realized, reserved, refunded, n_settled, n_held = st.split()
+        return BudgetStatus(row.analyst, row.dataset, budget, spent, acc.remaining(budget, spent), st.n, row.generation,
                             realized_epsilon=realized, reserved_epsilon=reserved, refunded_epsilon=refunded,
                             settled=n_settled, unsettled=n_held)
 
@@ -176,7 +171,7 @@ class Ledger:
 
         row, status = self.store.read(fn)
         if row is None:
-            raise BudgetExceeded(no_budget_message(analyst, dataset))
+            raise NoBudget(analyst, dataset)
         left = status.remaining
         tol = 1e-9
         if left.queries is not None and left.queries <= 0:
@@ -219,17 +214,10 @@ class Ledger:
             if row is None:
                 txn.add_event("rejected", analyst, dataset, None,
                               {"reason": "no budget set", "query_hash": qhash, "needs": {"epsilon": eps, "delta": dlt}})
-                return _ChargeResult(error=BudgetExceeded(no_budget_message(analyst, dataset)))
-            rows = txn.charges(analyst, dataset, row.generation)
-            check_totals(self.path, row, rows)
-            budget = row.budget()
-            acc = get_accountant(row.accountant)
-            try:
-                decision = acc.decide(budget, [r.effective_cost() for r in rows], cost)
-            except CostNotSupported as exc:
-                raise LedgerError(f"ledger {self.path} is inconsistent: a recorded charge is not covered by the "
-                                  f"{row.accountant} accountant ({exc.args[0]})") from None
-            if not decision.ok:
+                return _ChargeResult(error=NoBudget(analyst, dataset))
+            st = incremental.load(txn, self.path, row)  # O(1) in the history (dpch/ledger/state.py)
+            decision, composed = get_accountant(row.accountant).decide_from(row.budget(), st.composed, cost)
+            if not decision.ok or composed is None:
                 txn.add_event("rejected", analyst, dataset, None, {
                     "reason": decision.reason, "query_hash": qhash, "accountant": row.accountant,
                     "needs": spent_dict(decision.needs), "remaining": spent_dict(decision.remaining)})
@@ -241,9 +229,11 @@ class Ledger:
                                query_text=query, outcome="reserved", created_at=now, updated_at=now,
                                cost_json=cost_json, realized_json=None)
             cid = txn.insert_charge(rec)
-            s_eps, s_dlt, s_rho, n = totals([*rows, rec])
-            txn.put_budget(replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n,
-                                   updated_at=now))
+            st = st.after(replace(rec, id=cid), composed)
+            s_eps, s_dlt, s_rho, n = st.totals.value("eps"), st.totals.value("delta"), st.totals.value("rho"), st.n
+            row = replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n, updated_at=now)
+            txn.put_budget(row)
+            incremental.save(txn, row, st)
             txn.add_event("charge", analyst, dataset, cid, {
                 "accountant": row.accountant, "epsilon": eps, "delta": dlt, "rho": rho, "query_hash": qhash,
                 "spent_after": spent_dict(decision.spent_after), "remaining": spent_dict(decision.remaining),
@@ -415,7 +405,9 @@ class Ledger:
             txn.update_charge(new)
             rows = [new if c.id == rec.id else c for c in rows]
             s_eps, s_dlt, s_rho, n = totals(rows)
-            txn.put_budget(replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n, updated_at=now))
+            row = replace(row, spent_epsilon=s_eps, spent_delta=s_dlt, spent_rho=s_rho, n_charges=n, updated_at=now)
+            txn.put_budget(row)
+            incremental.save(txn, row, incremental.rebuild(self.path, row, rows))
             txn.add_event("settle", rec.analyst, rec.dataset, rec.id, {
                 "accountant": row.accountant, "reserved_epsilon": rec.epsilon, "realized_epsilon": e_eps,
                 "refund_epsilon": rec.epsilon - e_eps, "delta_kept": e_dlt, "total_epsilon": s_eps,
@@ -441,12 +433,12 @@ class Ledger:
                                    "(confirm=True, or --yes-i-know on the command line)")
 
         def fn(txn: LedgerTxn) -> None:
-            row, rows = self._current(txn, analyst, dataset)
+            row, st = self._current(txn, analyst, dataset)
             now = time.time()
             txn.put_budget(replace(row, generation=row.generation + 1, spent_epsilon=0.0, spent_delta=0.0, spent_rho=0.0,
                                    n_charges=0, updated_at=now))
             txn.add_event("budget_reset", analyst, dataset, None, {
-                "confirm": True, "previous_generation": row.generation, "charges_forgotten": len(rows),
+                "confirm": True, "previous_generation": row.generation, "charges_forgotten": st.n,
                 "spent_epsilon_forgotten": row.spent_epsilon, "spent_delta_forgotten": row.spent_delta})
         self.store.transaction(fn)
 

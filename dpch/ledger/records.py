@@ -243,10 +243,6 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-def no_budget_message(analyst: str, dataset: str) -> str:
-    return (f"no budget set for analyst {analyst!r} on dataset {dataset!r}; an administrator runs: "
-            f"dpch budget set --analyst {analyst} --dataset {dataset} --epsilon EPS [--delta DELTA] [--accountant NAME]")
-
 def settlement_split(rows: Sequence[ChargeRecord]) -> tuple[float, float, float, int, int]:
     """(realised ε of the settled, worst-case ε of the unsettled, refunded ε, #settled, #unsettled)."""
     settled = [r for r in rows if r.outcome == "settled"]

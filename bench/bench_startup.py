@@ -1,0 +1,94 @@
+"""Start-up time of the `dpch` command line and of `import dpch` (issue 31, item 2).
+
+    python bench/bench_startup.py [--runs 21] [--importtime-top 12]
+
+Each case runs N times as a fresh subprocess (hyperfine is not installed here); the wall time of
+each run is taken with time.perf_counter around subprocess.run, and the median and p90 are
+reported against the issue's targets. Then `python -X importtime` runs each case once and the
+modules with the largest cumulative import time are listed (a table in Markdown), so a regression
+names the module that brought the weight back. `dpch budget show` runs on a temporary ledger that
+holds one budget, so it reads and prints a real row.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+# the installed console script (what a user runs), else the same entry point through -c
+_SCRIPT = Path(PY).parent / "dpch"
+DPCH = [PY, str(_SCRIPT)] if _SCRIPT.exists() else [PY, "-c", "import sys; from dpch.cli import main; sys.exit(main())"]
+
+
+def cases(ledger: Path) -> list[tuple[str, list[str], float]]:
+    """(label, argv, target seconds)."""
+    return [
+        ("dpch --version", DPCH + ["--version"], 0.3),
+        ("dpch --help", DPCH + ["--help"], 0.3),
+        ("dpch budget show", DPCH + ["budget", "show", "--ledger", str(ledger)], 1.0),
+        ("import dpch", [PY, "-c", "import dpch"], 0.5),
+    ]
+
+
+def time_runs(argv: list[str], runs: int) -> list[float]:
+    subprocess.run(argv, capture_output=True, check=True)  # warm the page cache once
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def importtime(argv: list[str], top: int) -> list[tuple[int, int, str]]:
+    """(cumulative µs, self µs, module) of the `top` slowest top-level-or-nested imports."""
+    r = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, check=True)
+    rows = []
+    for line in r.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        self_us, cum_us, name = (part.strip() for part in line[len("import time:"):].split("|"))
+        rows.append((int(cum_us), int(self_us), name))
+    return sorted(rows, reverse=True)[:top]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=21)
+    ap.add_argument("--importtime-top", type=int, default=12)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = Path(tmp) / "ledger.sqlite"
+        subprocess.run(DPCH + ["budget", "set", "--analyst", "alice", "--dataset", "demo.purchases",
+                               "--epsilon", "1", "--ledger", str(ledger)], capture_output=True, check=True)
+        print(f"{args.runs} runs each, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
+        print("| command | median (s) | p90 (s) | target (s) | met |")
+        print("|---|---|---|---|---|")
+        ok = True
+        for label, argv, target in cases(ledger):
+            t = time_runs(argv, args.runs)
+            med, hi = statistics.median(t), p90(t)
+            ok &= med < target
+            print(f"| `{label}` | {med:.3f} | {hi:.3f} | {target} | {'yes' if med < target else 'NO'} |")
+        for label, argv, _ in cases(ledger):
+            print(f"\n`python -X importtime` for `{label}`, largest cumulative first:\n")
+            print("| module | cumulative (ms) | self (ms) |")
+            print("|---|---|---|")
+            for cum, self_us, name in importtime(argv, args.importtime_top):
+                print(f"| `{name.strip()}` | {cum / 1000:.1f} | {self_us / 1000:.1f} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

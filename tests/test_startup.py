@@ -1,0 +1,64 @@
+"""Start-up weight (issue 31 item 2): `import dpch`, `dpch --version`, `dpch --help` and
+`dpch budget show` do not import the embedded engine or the numeric stack. Checked through
+sys.modules in a fresh interpreter, not by timing (speed is measured by bench/bench_startup.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("chdb", "pandas", "numpy", "sklearn", "scipy", "matplotlib", "sqlglot")
+
+
+def loaded_after(code: str) -> set[str]:
+    probe = (f"import sys, json, contextlib, io\n{code}\n"
+             f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return set(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def cli(args: list[str]) -> str:
+    return ("from dpch.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            f"    try:\n        main({args!r})\n    except SystemExit:\n        pass")
+
+
+def test_import_dpch_is_light():
+    assert loaded_after("import dpch") == set()
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], [], ["nosuchcommand"]])
+def test_top_level_cli_is_light(args):
+    assert loaded_after(cli(args)) == set()
+
+
+def test_budget_show_is_light(tmp_path):
+    ledger = tmp_path / "ledger.sqlite"
+    from dpch.cli import main
+
+    assert main(["budget", "set", "--analyst", "a", "--dataset", "d", "--epsilon", "1", "--ledger", str(ledger)]) == 0
+    assert loaded_after(cli(["budget", "show", "--ledger", str(ledger)])) == set()
+
+
+def test_connect_is_still_reachable_lazily():
+    """PEP 562: the heavy facade loads on first use of dpch.connect."""
+    assert "pandas" in loaded_after("import dpch\ndpch.connect")
+
+
+def test_command_table_matches_the_modules():
+    """cli.COMMANDS (the top-level listing, built without importing the modules) names each
+    command's module and the same help its module registers."""
+    from dpch import cli
+
+    def commands(parser):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    registered = {c.dest: c.help for c in commands(cli.build_parser(None))._choices_actions}  # every module
+    assert registered == {name: help_text for name, (_, help_text) in cli.COMMANDS.items()}
+    for name in cli.COMMANDS:  # dispatching a command registers its real parser (it has a func)
+        assert "func" in commands(cli.build_parser(name)).choices[name]._defaults, name
+        assert "func" not in commands(cli.build_parser("")).choices[name]._defaults, name
