@@ -22,7 +22,12 @@ def _extras() -> dict:
 
 
 def test_udf_program_imports_only_the_udf_extra():
-    """Run the UDF program on one real RowBinary block and list the third-party modules it loaded."""
+    check_udf_program_imports(sys.executable)
+
+
+def check_udf_program_imports(python: str, env: dict | None = None) -> None:
+    """Run the UDF program under ``python`` on one real RowBinary block and check the third-party
+    modules it loaded (tests/test_system_python.py runs it under the system's python3 too)."""
     code = ("import sys, runpy\n"
             "sys.argv = ['dpch-udf', 'laplace']\n"
             "try:\n    runpy.run_module('dpch.udf_entry', run_name='__main__')\n"
@@ -30,12 +35,12 @@ def test_udf_program_imports_only_the_udf_extra():
             "mods = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)\n"
             "sys.stderr.write('MODS ' + ' '.join(sorted(mods)) + '\\n')\n")
     block = b"1\n" + struct.pack("<dd", 10.0, 1.0)
-    r = subprocess.run([sys.executable, "-c", code], input=block, capture_output=True, timeout=60)
+    r = subprocess.run([python, "-c", code], input=block, capture_output=True, timeout=60, env=env)
     assert len(r.stdout) == 8, r.stderr  # one Float64 result
     # what the interpreter loads on its own (site hooks: Debian's sitecustomize/apport) is not the
     # project's import: judge only what the UDF program adds
-    bare = subprocess.run([sys.executable, "-c", "import sys; print(' '.join(m.split('.')[0] for m in sys.modules))"],
-                          capture_output=True, text=True, timeout=60)
+    bare = subprocess.run([python, "-c", "import sys; print(' '.join(m.split('.')[0] for m in sys.modules))"],
+                          capture_output=True, text=True, timeout=60, env=env)
     mods = set(r.stderr.decode().split("MODS ", 1)[1].split()) - set(bare.stdout.split())
     allowed = {"dpch", "__main__", "_distutils_hack", "cython_runtime"} | {m for m in mods if m.startswith(("_cython", "__editable__"))}
     extra = {re.split(r"[<>=\[ ]", req)[0].replace("-", "_") for req in _extras()["udf"]}
