@@ -33,6 +33,7 @@ setup(
     description="Differential Privacy for ClickHouse",
     python_requires=">=3.10",
     packages=find_packages(include=["dpch", "dpch.*"]),
+    package_data={"dpch.gateway.console": ["static/*"]},  # the web console's page, script and style sheet
     ext_modules=cythonize(extensions, language_level=3),
     cmdclass={"build_py": build_py_with_config},
     install_requires=[

@@ -383,7 +383,11 @@ def build_app(cfg: GatewayConfig) -> Starlette:
               Route("/query", query, methods=["GET", "POST"]),
               Route("/dpch/svt", svt, methods=["POST"]),
               Route("/dpch/ptr", ptr, methods=["POST"])]
+    from . import console  # the web console, its JSON routes and CORS (docs/GATEWAY.md "Web console")
+
+    routes += console.routes(gw, authenticate, params_of=_params, read_body=_read_body, error_response=_error_response)
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(console.ConsoleMiddleware)
     app.add_route("/{path:path}", not_found, methods=["GET", "POST", "HEAD", "PUT", "DELETE"])
     app.state.gateway = gw
     return app
