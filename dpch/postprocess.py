@@ -7,20 +7,20 @@
   aggregate column, for the value of the aggregate on the *bounded* data (after contribution
   bounding and clipping; the bias those introduce is not in the interval):
   COUNT/SUM: the noisy value ± the exact discrete-noise half-width of its mechanism
-  (``dpch.mechanisms``), counts clamped at 0; quantiles: the value bounds (a value interval
-  needs the data's distribution), with the rank interval ``rank_halfwidth`` in the metadata;
-  AVG and VAR/STDDEV: the interval image of the
+  (``dpch.mechanisms``), counts clamped at 0; AVG and VAR/STDDEV: the interval image of the
   component intervals (each at level 1 - (1 - level)/m for m components, union bound), clamped
-  to the value bounds. Derived columns (arithmetic over aggregates) get no interval;
+  to the value bounds; quantiles and derived columns (arithmetic over aggregates): ``dpch.intervals``
+  (a rank interval, and the interval image of the aggregates' intervals);
 - attaches metadata in ``df.attrs["dpch"]`` (documented in docs/CONTROLLER.md):
   ``columns[name]`` = kind ("key", "aggregate", "derived", "constant"), aggregate, mechanism,
   noise_scale (in value units), sensitivity, epsilon, delta, ci_level, ci_low, ci_high (lists);
   plus epsilon, delta (charged), receipt, table, key_mode, selection, sql (salt masked);
 - copies the main facts to flat keys of ``df.attrs`` (`FLAT_KEYS`: ``epsilon_spent``,
   ``delta_spent``, ``rho_spent``, ``dataset``, ``receipt``, ``mechanism``, ``noise_scale``,
-  ``ci_level``, ``ci_low``, ``ci_high``), next to the nested ``df.attrs["dpch"]``;
-- with ``with_ci=True``, adds columns ``<name>_lo`` and ``<name>_hi`` after each
-  aggregate column.
+  ``ci_level``, ``ci_low``, ``ci_high``, ``ci_note``: intervals cover the noise only, ``ci_notes``),
+  next to the nested ``df.attrs["dpch"]``;
+- with ``with_ci=True``, adds columns ``<name>_lo`` and ``<name>_hi`` after each aggregate and
+  derived column (quantiles: ``<name>_rank_ci``, ``<name>_level_lo``/``_level_hi``).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import pandas as pd
 
 from .mechanisms import MixedNoiseMechanism
 from .mechanisms.bounded_laplace import GroupedBoundedLaplace
+from .intervals import NOISE_ONLY, derived_ci, quantile_ci
 from .mechanisms.intervals import POPULATION_MEAN_CI, population_mean_interval
 from .plan import AggregatePlan, Plan, Quantity
 from .plan.top_k import top_k_facts
@@ -96,11 +97,8 @@ def aggregate_ci(ap: AggregatePlan, plan: Plan, noisy: dict[int, np.ndarray], le
         lo, hi = ap.value_interval  # type: ignore[misc]
         return np.clip(v - h, lo, hi), np.clip(v + h, lo, hi)
     if func in ("quantile", "quantiles"):
-        # a value interval would need the data's distribution: the only data-free one is the value
-        # bounds (always valid); the informative uncertainty is the rank interval in the metadata
-        n = len(noisy[qs[ap.roles["quantile"]].index])
-        lo, hi = ap.value_interval  # type: ignore[misc]
-        return np.full(n, float(lo)), np.full(n, float(hi))
+        # no value interval: one would need the data's ranks; the rank interval is intervals.quantile_ci
+        raise ValueError("a quantile has a rank interval only (dpch.intervals.quantile_ci)")
     if func in ("count", "count_distinct_unit", "count_distinct"):
         q = qs[ap.roles["count"]]
         v = noisy[q.index].astype(float)
@@ -184,7 +182,9 @@ def column_metadata(plan: Plan, rewritten: Rewritten) -> dict[str, dict[str, Any
 def _ci_kind(ap: AggregatePlan) -> str:
     """Which interval ci_low/ci_high is (every aggregate column says it, at ci_level)."""
     if ap.func in ("quantile", "quantiles"):
-        return "value bounds (the rank interval is in rank_halfwidth)"
+        return ("rank: no value interval; rank_ci = ±r rows around the level's rank (exponential "
+                "mechanism utility bound, docs/CONTROLLER.md \"Intervals\"), level_ci_low/high where a "
+                "COUNT of the same rows is released")
     if "mean" in ap.roles:
         return ("noise: the clamped mean of the bounded data, bounded Laplace noise quantile "
                 "(biswal thesis §5.5/§5.7, exact tail bound of the grid law), within the value bounds")
@@ -220,6 +220,61 @@ def _quantity_meta(q: Quantity, level: float) -> dict[str, Any]:
     }
 
 
+def _interval_meta(plan: Plan, noisy: dict[int, np.ndarray], level: float, meta: dict, n: int) -> None:
+    """Each aggregate's and derived column's interval into ``meta`` (ci_low/ci_high per row, NaN
+    where none; quantiles: rank_ci and the level interval; ci_note where a column has none)."""
+    counts = {o.ref: o.name for o in plan.bound.outputs
+              if o.kind == "aggregate" and plan.aggregates[o.ref].func == "count"}  # type: ignore[index]
+    for o in plan.bound.outputs:
+        info = meta[o.name]
+        if o.kind == "derived":
+            ci = derived_ci(o.template, plan, n, lambda ap, lv: aggregate_ci(ap, plan, noisy, lv), level)
+            info.update(ci_level=level, ci_low=[float(x) for x in ci.lo], ci_high=[float(x) for x in ci.hi],
+                        ci_kind="noise: interval image of the released aggregates' intervals (union bound)")
+            if ci.note:
+                info["ci_note"] = ci.note
+            continue
+        if o.kind != "aggregate":
+            continue
+        ap = plan.aggregates[o.ref]  # type: ignore[index]
+        info["ci_kind"] = _ci_kind(ap)
+        if ap.func in ("quantile", "quantiles"):
+            qci = quantile_ci(ap, plan, noisy, level, counts)
+            info.update(ci_low=None, ci_high=None, rank_ci=qci.rank,
+                        ci_note="no value interval: see rank_ci (rows) and level_ci_low/level_ci_high")
+            if qci.level_lo is not None:
+                info.update(level_ci_low=qci.level_lo.tolist(), level_ci_high=qci.level_hi.tolist(),  # type: ignore[union-attr]
+                            level_ci_count=qci.count_column)
+            continue
+        lo, hi = aggregate_ci(ap, plan, noisy, level)
+        info["ci_low"] = [float(x) for x in lo]
+        info["ci_high"] = [float(x) for x in hi]
+        pop = population_ci(ap, plan, noisy, level)
+        if pop is not None:
+            info["population_ci_low"] = [float(x) for x in pop[0]]
+            info["population_ci_high"] = [float(x) for x in pop[1]]
+            info["population_ci"] = POPULATION_MEAN_CI
+
+
+def _with_ci_columns(plan: Plan, meta: dict, out: pd.DataFrame) -> pd.DataFrame:
+    """``<name>_lo``/``<name>_hi`` after each aggregate and derived column (NaN where there is no
+    interval); a quantile gets ``<name>_rank_ci`` and, with a COUNT of its rows, ``<name>_level_lo``
+    and ``<name>_level_hi`` instead (its column bounds are no interval)."""
+    new: dict[str, Any] = {}
+    for o in plan.bound.outputs:
+        new[o.name] = out[o.name]
+        info = meta[o.name]
+        if "rank_ci" in info:
+            new[f"{o.name}_rank_ci"] = [info["rank_ci"]] * len(out)
+            if "level_ci_low" in info:
+                new[f"{o.name}_level_lo"] = info["level_ci_low"]
+                new[f"{o.name}_level_hi"] = info["level_ci_high"]
+        elif o.kind in ("aggregate", "derived"):
+            new[f"{o.name}_lo"] = info["ci_low"]
+            new[f"{o.name}_hi"] = info["ci_high"]
+    return pd.DataFrame(new)
+
+
 def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: Any = None,
                 controller_ms: float | None = None) -> pd.DataFrame:
     level = plan.options.confidence
@@ -231,27 +286,9 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
     for q in plan.quantities:
         noisy[q.index] = np.asarray(noisy[q.index]).reshape(-1)
     meta = column_metadata(plan, rewritten)
-    for o in plan.bound.outputs:
-        if o.kind != "aggregate":
-            continue
-        ap = plan.aggregates[o.ref]  # type: ignore[index]
-        lo, hi = aggregate_ci(ap, plan, noisy, level)
-        meta[o.name]["ci_low"] = [float(x) for x in lo]
-        meta[o.name]["ci_high"] = [float(x) for x in hi]
-        meta[o.name]["ci_kind"] = _ci_kind(ap)
-        pop = population_ci(ap, plan, noisy, level)
-        if pop is not None:
-            meta[o.name]["population_ci_low"] = [float(x) for x in pop[0]]
-            meta[o.name]["population_ci_high"] = [float(x) for x in pop[1]]
-            meta[o.name]["population_ci"] = POPULATION_MEAN_CI
+    _interval_meta(plan, noisy, level, meta, len(out))
     if plan.options.with_ci:
-        new = {}
-        for o in plan.bound.outputs:
-            new[o.name] = out[o.name]
-            if o.kind == "aggregate":
-                new[f"{o.name}_lo"] = meta[o.name]["ci_low"]
-                new[f"{o.name}_hi"] = meta[o.name]["ci_high"]
-        out = pd.DataFrame(new)
+        out = _with_ci_columns(plan, meta, out)
     sel = plan.selection
     out.attrs["dpch"] = {
         "table": plan.entry.table,
@@ -274,15 +311,19 @@ def postprocess(df: pd.DataFrame, plan: Plan, rewritten: Rewritten, *, receipt: 
 
 #: The flat keys of a result's ``df.attrs`` (docs/CONTROLLER.md, "Result metadata").
 FLAT_KEYS = ("epsilon_spent", "delta_spent", "rho_spent", "dataset", "receipt", "mechanism", "noise_scale",
-             "ci_level", "ci_low", "ci_high")
+             "ci_level", "ci_low", "ci_high", "ci_note", "ci_notes")
 
 
 def flat_attrs(meta: dict, rho: float | None = None) -> dict[str, Any]:
     """The flat view of the nested metadata: one key per fact, per-column facts as {column: value}.
     ``noise_scale`` is b (Laplace) or σ (Gaussian) in value units; for AVG/VAR/STDDEV, which combine
     several noisy releases, it is {component: scale}."""
-    mechanism, scale, lo, hi = {}, {}, {}, {}
+    mechanism, scale, lo, hi, notes = {}, {}, {}, {}, {}
     for name, info in meta["columns"].items():
+        if info.get("ci_note"):
+            notes[name] = info["ci_note"]
+        if info.get("kind") == "derived":
+            lo[name], hi[name] = info.get("ci_low"), info.get("ci_high")
         if info.get("kind") != "aggregate":
             continue
         mechanism[name] = info.get("mechanism")
@@ -293,7 +334,8 @@ def flat_attrs(meta: dict, rho: float | None = None) -> dict[str, Any]:
         lo[name], hi[name] = info.get("ci_low"), info.get("ci_high")
     return {"epsilon_spent": meta["epsilon"], "delta_spent": meta["delta"], "rho_spent": rho,
             "dataset": meta["table"], "receipt": meta["receipt"], "mechanism": mechanism,
-            "noise_scale": scale, "ci_level": meta["confidence"], "ci_low": lo, "ci_high": hi}
+            "noise_scale": scale, "ci_level": meta["confidence"], "ci_low": lo, "ci_high": hi,
+            "ci_note": NOISE_ONLY, "ci_notes": notes}
 
 
 def spend_summary(df: pd.DataFrame) -> str:

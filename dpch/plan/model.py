@@ -72,7 +72,19 @@ class Quantity:
         return {"levels": list(self.levels), "grid_buckets": QUANTILE_BUCKETS,
                 "rows_per_unit_per_group": self.rows, "groups_per_unit": self.coords,
                 "epsilon_per_group": self.group_epsilon,
-                "rank_halfwidth": self.mechanism_object().rank_halfwidth(len(self.levels), confidence)}
+                "rank_halfwidth": self.mechanism_object().rank_halfwidth(len(self.levels), confidence),
+                "rank_ci": self.rank_ci(confidence)}
+
+    def rank_ci(self, confidence: float) -> float:
+        """±r rows: with probability >= confidence every released level α's bucket has at most
+        αn + r rows below it and at least αn − r rows at or below it, besides ties at the grid's
+        resolution (docs/CONTROLLER.md "Intervals"). r = rank_halfwidth h for one or two levels (each
+        over the whole histogram); for three or more, the recursion's levels inherit their parents'
+        errors (a sub-problem's target rank is a convex combination of its ends'), so r = depth · h.
+        Public: a function of the parameters only."""
+        m = max(1, len(self.levels))
+        h = self.mechanism_object().rank_halfwidth(m, confidence)
+        return h if len(set(self.levels)) <= 2 else m.bit_length() * h
 
     def mechanism_object(self):
         if self.noise is not None:
