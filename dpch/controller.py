@@ -46,6 +46,10 @@ from .probe_db import check_before_charge
 from .rewrite import Rewritten, rewrite
 from .totality import make_total, make_total_expressions, make_total_templates
 from .typecheck import expression_types
+from .cost import PrivacyCost
+from .plan.profile import BiasEstimate
+from .unit_profile import ProfileSpec, choose_bounds, noise_rows, profile_spec, run_bias_counts, run_histograms
+from .unit_profile import attach as attach_bias
 from .units import unit_path
 
 
@@ -58,10 +62,22 @@ class Prepared:
     plan: Plan
     rewritten: Rewritten
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # the unit profile (bounds from the data, bias counts): released after the charge, before the plan
+    # runs; the plan was made at ε minus the profile's share (dpch.unit_profile)
+    profile: ProfileSpec | None = None
+    key_types: Any = None
+    requested: tuple[float, float] = (0.0, 0.0)
 
     @property
     def dataset(self) -> str:
         return self.plan.entry.table
+
+    @property
+    def cost(self) -> PrivacyCost:
+        """What the query is charged: its plan and, when there is one, its profile's releases."""
+        if self.profile is None:
+            return self.plan.cost
+        return PrivacyCost(self.profile.costs() + self.plan.cost.mechanisms)
 
     @property
     def controller_ms(self) -> float:
@@ -69,7 +85,7 @@ class Prepared:
 
 
 def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, precheck: bool = False,
-            **options) -> Prepared:
+            profile: bool = False, **options) -> Prepared:
     """parse → budget precheck → bind → total → plan → rewrite. Raises QueryRejected /
     InvalidParameter / BudgetExceeded; charges nothing and reads no row: the engine is asked only
     for the catalog (usually cached) and for the types of the query's expressions (a DESCRIBE,
@@ -77,9 +93,13 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     ledger confirms (read-only) that the analyst can afford the declared (ε, δ) on every dataset
     the query reads (DESIGN.md invariant 10). Every path that charges afterwards passes True (run_query,
     run_query_formatted, propose-test-release); inspection (explain, the audit, tests) does not. ``tree``:
-    ``sql`` already parsed (dpch.parse.parse)."""
+    ``sql`` already parsed (dpch.parse.parse). ``profile``: the caller runs the unit profile (bounds
+    'auto', bias_share; dpch.unit_profile) as run_query does; other release paths refuse those options."""
     t0 = time.perf_counter()
     opts = QueryOptions.from_kwargs(options)
+    if not profile and opts.profile_share > 0:
+        raise InvalidParameter("bounds 'auto' and bias_share are answered by db.query / the gateway's SELECT only; "
+                               "give fixed bounds here (choose them with db.tune or a query with 'auto')")
     eps, dlt = check_budget_args(epsilon, delta)
     parsed = parse(sql, tree)
     if precheck:
@@ -92,13 +112,16 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
     bound = make_total_templates(bound, key_types)
     t2 = time.perf_counter()
-    plan = make_plan(bound, eps, dlt, opts, key_types=key_types)
+    # the profile's share of ε (auto bounds, bias counts) is not the plan's: ε_plan = ε - shares
+    plan_eps = eps - (opts.auto_share * eps if opts.auto else 0.0) - opts.bias_share * eps
+    plan = make_plan(bound, plan_eps, dlt, opts, key_types=key_types)
+    profile = profile_spec(plan, eps, _noise_at(bound, plan, key_types)) if opts.profile_share > 0 else None
     t3 = time.perf_counter()
     rewritten = rewrite(plan)
     t4 = time.perf_counter()
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
-    return Prepared(parsed, bound, plan, rewritten, timings)
+    return Prepared(parsed, bound, plan, rewritten, timings, profile, key_types, (eps, dlt))
 
 
 def _precheck_budget(conn, parsed: ParsedQuery, eps: float, dlt: float) -> None:
@@ -180,10 +203,74 @@ def _relation_services(backend) -> RelationServices:
 def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **options) -> pd.DataFrame:
     """Answer ``sql`` with (ε, δ)-differential privacy (see the module docstring). ``tree``: ``sql``
     already parsed by the caller (the ledger records ``sql``)."""
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, **options)
-    df, receipt = _charge_and_run(conn, prepared, sql, None, lambda: execute(conn.backend, prepared.rewritten))
-    return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
-                       controller_ms=prepared.controller_ms)
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, profile=True, **options)
+    if prepared.profile is None:
+        df, receipt = _charge_and_run(conn, prepared, sql, None, lambda: execute(conn.backend, prepared.rewritten))
+        return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
+                           controller_ms=prepared.controller_ms)
+
+    def run():
+        final, bias = _profiled(conn, prepared)
+        return final, bias, execute(conn.backend, final.rewritten)
+
+    (final, bias, df), receipt = _charge_and_run(conn, prepared, sql, None, run)
+    out = postprocess(df, final.plan, final.rewritten, receipt=receipt, controller_ms=prepared.controller_ms)
+    cost = prepared.cost
+    return attach_bias(out, bias, cost.epsilon, cost.delta)
+
+
+def _profiled(conn, prepared: Prepared) -> tuple[Prepared, BiasEstimate]:
+    """After the charge: release the profile, re-plan at the bounds it chose (post-processing of
+    the released histograms) and measure the bias with the final bounds. The re-planned query must
+    cost exactly what was charged (its releases differ in k and M only, not in ε or δ); otherwise
+    nothing more runs (fail closed: the charge stays)."""
+    spec = prepared.profile
+    assert spec is not None
+    final, choices, dropped = prepared, (), None
+    if spec.request is not None:
+        hists = run_histograms(conn.backend, prepared.plan, spec)
+        chosen, choices, dropped = choose_bounds(prepared.plan, hists,
+                                                 _noise_at(prepared.bound, prepared.plan, prepared.key_types))
+        if chosen:
+            final = _replanned(prepared, chosen)
+    cut = clipped = sd = None
+    if spec.bias_epsilon > 0:
+        cut, clipped, sd = run_bias_counts(conn.backend, final.plan, spec)
+    source = " and ".join(s for s, on in (("auto-bounds histograms", spec.request is not None),
+                                          ("bias counts", spec.bias_epsilon > 0)) if on)
+    eps = sum(c.epsilon for c in spec.costs())
+    return final, BiasEstimate(cut, clipped, dropped, sd, eps, source, tuple(choices))
+
+
+def _plan_at(bound: BoundQuery, plan: Plan, key_types, bounds: dict[str, int]) -> Plan:
+    """``plan`` made again with other contribution bounds (same ε, δ and options)."""
+    entry = replace(bound.entry, **bounds)
+    return make_plan(replace(bound, entry=entry), plan.epsilon, plan.delta, plan.options, key_types=key_types)
+
+
+def _noise_at(bound: BoundQuery, plan: Plan, key_types):
+    """noise_rows(k, M) of the plan at those bounds (dpch.unit_profile.noise_rows), cached."""
+    cache: dict[tuple[int, int], float] = {}
+
+    def at(k: int, m: int) -> float:
+        if (k, m) not in cache:
+            cache[(k, m)] = noise_rows(_plan_at(bound, plan, key_types,
+                                                {"max_groups_contributed": k, "max_rows_per_unit": m}))
+        return cache[(k, m)]
+    return at
+
+
+def _replanned(prepared: Prepared, chosen: dict[str, int]) -> Prepared:
+    plan = _plan_at(prepared.bound, prepared.plan, prepared.key_types, chosen)
+    if _privacy_of(plan.cost) != _privacy_of(prepared.plan.cost):
+        raise LedgerError("the bounds chosen from the data changed the plan's privacy cost; nothing more "
+                          "ran (the charge stays)")
+    return replace(prepared, plan=plan, rewritten=rewrite(plan))
+
+
+def _privacy_of(cost: PrivacyCost) -> list[tuple]:
+    """What the accountants read of a cost, bounds aside: each release's kind, ε, δ, ρ."""
+    return sorted((m.kind, m.epsilon, m.delta, m.rho) for m in cost.mechanisms)
 
 
 @dataclass(frozen=True)
@@ -197,6 +284,7 @@ class FormattedAnswer:
     epsilon: float
     delta: float
     receipt: Any
+    bias: BiasEstimate | None = None  # the profile's estimate, when the query asked for one
 
 
 def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 0.0, tree=None,
@@ -208,12 +296,16 @@ def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 
     before the charge. Confidence-interval columns need the DataFrame path (``with_ci`` refused)."""
     if options.get("with_ci"):
         raise InvalidParameter("run_query_formatted does not add CI columns; use run_query")
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, **options)
-    out, receipt = _charge_and_run(
-        conn, prepared, sql, (fmt, format_settings),
-        lambda: execute_formatted(conn.backend, prepared.rewritten, fmt, format_settings))
-    cost = prepared.plan.cost
-    return FormattedAnswer(out.body, out.rows, prepared.dataset, cost.epsilon, cost.delta, getattr(receipt, "id", receipt))
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, profile=True, **options)
+
+    def run():
+        final, bias = _profiled(conn, prepared) if prepared.profile is not None else (prepared, None)
+        return bias, execute_formatted(conn.backend, final.rewritten, fmt, format_settings)
+
+    (bias, out), receipt = _charge_and_run(conn, prepared, sql, (fmt, format_settings), run)
+    cost = prepared.cost
+    return FormattedAnswer(out.body, out.rows, prepared.dataset, cost.epsilon, cost.delta,
+                           getattr(receipt, "id", receipt), bias)
 
 
 def charge_first(conn, dataset: str, cost, text: str):
@@ -241,7 +333,7 @@ def _charge_and_run(conn, prepared: Prepared, sql: str, rendering, run):
     # on probe data (one row of defaults per table, the real joins), before the charge: a query
     # that cannot run is rejected free (dpch.probe_db)
     check_before_charge(conn, prepared.plan, rendering)
-    ledger, receipt = charge_first(conn, prepared.dataset, prepared.plan.cost, sql)
+    ledger, receipt = charge_first(conn, prepared.dataset, prepared.cost, sql)
     try:
         result = run()
     except BaseException:
@@ -283,6 +375,7 @@ class Explanation:
     per_unit_stage: str = ""  # how the per-unit stage runs; whether a per-unit projection can serve it
     relation: list[str] = field(default_factory=list)  # joins: the tables, how each reaches the unit
     top_k: dict | None = None  # a top-n query: how it is answered (dpch.plan.top_k.top_k_facts)
+    profile: dict | None = None  # bounds from the data / bias counts: the ε split and the rule
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -328,6 +421,15 @@ class Explanation:
             lines.append(f"  {a['aggregate']}: {a['function']} from {', '.join(a['quantities'])}")
         if self.per_unit_stage:
             lines.append(f"per-unit stage: {self.per_unit_stage}")
+        if self.profile:
+            p = self.profile
+            if p["auto"]:
+                lines.append(f"bounds from the data: {', '.join(p['auto'])} = 'auto': histograms of "
+                             f"{' and '.join(p['histograms']) or '(none needed)'} on a {p['grid']}, "
+                             f"ε={p['auto_epsilon']:.6g}; {p['rule']}; the bounds above are the catalog's, "
+                             "replaced by the chosen ones when the query runs")
+            if p["bias_epsilon"]:
+                lines.append(f"bias counts (units cut by bounding, values clipped): ε={p['bias_epsilon']:.6g}")
         lines.append(f"total cost: ε={self.epsilon:.6g}, δ={self.delta:.3g} "
                      f"(requested ε={self.requested_epsilon:.6g}, δ={self.requested_delta:.3g})")
         lines.append(f"controller time: {sum(self.timings_ms.values()):.2f} ms")
@@ -425,11 +527,13 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         key_mode=plan.key_mode, key_domains=key_domains,
         selection=None if sel is None else sel.summary(),
         quantities=quantities, aggregates=aggregates, outputs=outputs,
-        epsilon=plan.cost.epsilon, delta=plan.cost.delta, requested_epsilon=plan.epsilon,
-        requested_delta=plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),
-        relation=list(getattr(plan.entry, "layout", ())), top_k=top_k_facts(plan))
+        epsilon=prepared.cost.epsilon, delta=prepared.cost.delta,
+        requested_epsilon=prepared.requested[0] if prepared.profile else plan.epsilon,
+        requested_delta=prepared.requested[1] if prepared.profile else plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),
+        relation=list(getattr(plan.entry, "layout", ())), top_k=top_k_facts(plan),
+        profile=prepared.profile.summary() if prepared.profile else None)
 
 
 def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:
     """Explain ``sql`` without executing or charging anything."""
-    return explain_prepared(prepare(conn, sql, epsilon=epsilon, delta=delta, **options))
+    return explain_prepared(prepare(conn, sql, epsilon=epsilon, delta=delta, profile=True, **options))

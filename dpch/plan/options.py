@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from .. import calibration as cal
 from ..errors import InvalidParameter
+from .profile import DEFAULT_AUTO_SHARE, check_share
 
 #: "bounded_laplace" (biswal thesis §5.5, output in a public range) and "mixed" (the sound variant of
 #: the thesis's MNM, §5.3) are the thesis mechanisms (docs/CONTROLLER.md, "Thesis mechanisms").
@@ -49,10 +50,18 @@ class QueryOptions:
     # mechanism="mixed": which branch each value takes ("thesis": Gaussian iff Δ <= √π·δ·ε/2,
     # Def. 5.3.1; "variance": the branch with the smaller noise variance)
     mixed_rule: str = "thesis"
+    # Bounds from the data (dpch.plan.profile): "auto" for max_groups_contributed/max_rows_per_unit
+    # (or the catalog's) spends auto_share·ε on histograms of rows/groups per unit; bias_share·ε
+    # measures the shares of units cut by bounding and of values clipped. Both are part of the charge.
+    auto: tuple[str, ...] = ()
+    auto_share: float = DEFAULT_AUTO_SHARE
+    bias_share: float = 0.0
 
     FIELDS = ("mechanism", "weights", "keys", "confidence", "with_ci", "max_groups_contributed",
-              "max_rows_per_unit", "max_rows_per_group", "selection", "top_k", "output_range", "mixed_rule")
+              "max_rows_per_unit", "max_rows_per_group", "selection", "top_k", "output_range", "mixed_rule",
+              "auto_share", "bias_share")
     CONTRIBUTION = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
+    AUTO = ("max_groups_contributed", "max_rows_per_unit")
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> "QueryOptions":
@@ -88,16 +97,31 @@ class QueryOptions:
             raise InvalidParameter(f"mixed_rule must be one of {', '.join(MIXED_RULES)}")
         if "mixed_rule" in options and mech != "mixed":
             raise InvalidParameter("mixed_rule needs mechanism='mixed'")
-        bounds = {}
+        bounds, auto = {}, []
         for name in cls.CONTRIBUTION:
             v = options.get(name)
-            if v is not None:
+            if v == "auto" and name in cls.AUTO:
+                auto.append(name)
+            elif v is not None:
                 if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= 1_000_000:
-                    raise InvalidParameter(f"{name} must be an integer in [1, 1000000]")
+                    raise InvalidParameter(f"{name} must be an integer in [1, 1000000]"
+                                           + (" or 'auto'" if name in cls.AUTO else ""))
                 bounds[name] = int(v)
+        auto_share = check_share(options.get("auto_share", DEFAULT_AUTO_SHARE), "auto_share")
+        bias_share = check_share(options.get("bias_share", 0.0), "bias_share")
+        if auto and auto_share == 0.0:
+            raise InvalidParameter("'auto' bounds need auto_share > 0 (the share of epsilon that chooses them)")
+        if (auto_share if auto else 0.0) + bias_share > 0.5:
+            raise InvalidParameter("auto_share + bias_share must be at most 0.5 of the query's epsilon")
         return cls(mechanism=mech, weights=dict(weights) if weights else None,
                    keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection, top_k=top_k,
-                   output_range=output_range, mixed_rule=mixed_rule, **bounds)
+                   output_range=output_range, mixed_rule=mixed_rule, auto=tuple(auto), auto_share=auto_share,
+                   bias_share=bias_share, **bounds)
+
+    @property
+    def profile_share(self) -> float:
+        """The share of ε spent on the data profile (auto bounds and bias), not on the plan."""
+        return (self.auto_share if self.auto else 0.0) + self.bias_share
 
     def contribution(self) -> dict[str, int]:
         """The contribution bounds given with the query (to replace the catalog's)."""

@@ -1,0 +1,201 @@
+"""The unit-profile stage (dpch.plan.profile): bounds chosen from the data and the visible bias.
+
+``profile_spec(plan_options, entry, epsilon)`` decides before the charge what the profile releases
+and what it costs; after the charge, ``run_histograms`` releases the auto-bounds histograms and
+``choose_bounds`` turns them into (k, M) (post-processing), ``run_bias_counts`` releases the bias
+counts with the final plan's bounds. Every release is the discrete Laplace mechanism of
+dpch.mechanisms, drawn inside ClickHouse; the engine returns noisy counts only.
+
+Privacy (DESIGN.md invariants 1-2): each release is ε_part-DP (L1 sensitivities in
+dpch.plan.profile), all of them are part of the query's one charge, made before any of them runs.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from .cost import MechanismCost
+from .engine import Engine, with_settings
+from .errors import InvalidParameter
+from .execute import _sanitized
+from .mechanisms import LaplaceMechanism
+from .plan import Plan
+from .plan.profile import (BIAS_COUNTS, GRID, BiasEstimate, BoundChoice, Histogram, ProfileRequest, choose,
+                           shares_from_counts, tail_model)
+from .rewrite.profile import bias_counts_sql, histograms_sql
+
+#: L1 sensitivity of the three bias counts (each moves by at most 1 per unit)
+BIAS_SENSITIVITY = 3
+
+
+class BiasWarning(UserWarning):
+    """Contribution bounding or clipping biased the answer by more than dpch.plan.profile.WARN_SHARE."""
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What the profile of one query releases, decided before the charge."""
+
+    request: ProfileRequest | None  # the auto-bounds histograms (None: no 'auto')
+    bias_epsilon: float  # 0: the bias counts are not released
+    auto: tuple[str, ...]  # the bounds chosen from the data
+
+    def histogram_mechanism(self) -> LaplaceMechanism:
+        r = self.request
+        assert r is not None
+        return LaplaceMechanism.calibrated(r.sensitivity, r.epsilon_each, integer=True)
+
+    def bias_mechanism(self) -> LaplaceMechanism:
+        return LaplaceMechanism.calibrated(BIAS_SENSITIVITY, self.bias_epsilon, integer=True)
+
+    def costs(self) -> tuple[MechanismCost, ...]:
+        """The ledger entries of the profile's releases (pure ε, Laplace; dpch.mechanisms.laplace)."""
+        out = []
+        if self.request is not None:
+            m, r = self.histogram_mechanism(), self.request
+            for name, on in (("rows per unit", r.rows), ("groups per unit", r.groups)):
+                if on:
+                    out.append(m.cost(r.sensitivity, r.epsilon_each, label=f"auto bounds: histogram of {name}"))
+        if self.bias_epsilon > 0:
+            out.append(self.bias_mechanism().cost(BIAS_SENSITIVITY, self.bias_epsilon,
+                                                  label="bias: units cut, values clipped"))
+        return tuple(out)
+
+    def summary(self) -> dict:
+        """What explain shows: the ε split and the rule."""
+        r = self.request
+        return {"auto": list(self.auto),
+                "auto_epsilon": r.epsilon if r else 0.0,
+                "histograms": ([h for h, on in (("rows per unit", r.rows), ("groups per unit", r.groups)) if on]
+                               if r else []),
+                "grid": f"√2 grid {GRID[0]}..{GRID[-1]} ({len(GRID)} buckets)",
+                "rule": ("bounds = argmin over the grid of estimated rows dropped + G·noise sd "
+                         "(dpch.plan.profile)") if r else "",
+                "bias_epsilon": self.bias_epsilon}
+
+
+def groups_cost_noise(plan: Plan, noise_rows_at: Callable[[int, int], float]) -> bool:
+    """Whether the number of groups per unit k changes the noise of the plan's releases (it does not
+    for COUNT/SUM when C = M: their sensitivity is M whatever k; it does for distinct-unit counts,
+    partition selection, quantiles)."""
+    m = plan.entry.max_rows_per_unit
+    return plan.grouped and noise_rows_at(1, m) != noise_rows_at(2, m)
+
+
+def profile_spec(plan: Plan, epsilon: float, noise_rows_at: Callable[[int, int], float]) -> ProfileSpec | None:
+    """The profile of a plan made at (1 - share)·ε: None when the options ask for none. 'auto' on
+    a row-level table is refused (its bounds are k = M = 1 by definition). The histogram of groups
+    per unit is released only when k costs noise (groups_cost_noise)."""
+    o = plan.options
+    if not o.auto and o.bias_share == 0.0:
+        return None
+    if o.auto and plan.entry.row_level:
+        raise InvalidParameter(f"{', '.join(o.auto)}='auto': {plan.entry.table} is row level (every row is a "
+                               "unit, k = M = C = 1); contribution bounds apply to tables with a privacy unit")
+    request = None
+    if o.auto:
+        rows = "max_rows_per_unit" in o.auto
+        groups = "max_groups_contributed" in o.auto and groups_cost_noise(plan, noise_rows_at)
+        if rows or groups:
+            request = ProfileRequest(rows=rows, groups=groups, epsilon=o.auto_share * epsilon,
+                                     neighbour=plan.entry.neighbour)
+    return ProfileSpec(request, o.bias_share * epsilon, tuple(o.auto))
+
+
+def run_histograms(backend: Engine, plan: Plan, spec: ProfileSpec) -> dict[str, Histogram]:
+    """Release the auto-bounds histograms ({"rows": ..., "groups": ...}); after the charge only."""
+    r = spec.request
+    assert r is not None
+    mech = spec.histogram_mechanism()
+    sql = histograms_sql(plan, mech.sql, rows=r.rows, groups=r.groups)
+    df = _sanitized(lambda: backend.query_df(with_settings(sql)))
+    out = {}
+    for hk, name in ((0, "rows"), (1, "groups")):
+        part = df[df["__dp_hk"] == hk].sort_values("__dp_b")
+        if len(part):
+            out[name] = Histogram(tuple(float(v) for v in part["__dp_v"]), mech.scale)
+    return out
+
+
+def choose_bounds(plan: Plan, hists: dict[str, Histogram], noise_rows: Callable[[int, int], float]
+                  ) -> tuple[dict[str, int], tuple[BoundChoice, ...], float | None]:
+    """({bound: value}, the choices, estimated share of rows dropped) from the released histograms
+    (post-processing). ``noise_rows(k, M)``: G·noise sd of the plan at those bounds, in rows."""
+    o, e = plan.options, plan.entry
+    k0, m0 = e.max_groups_contributed, e.max_rows_per_unit
+    choices, chosen = [], {}
+    rows_model = tail_model(hists["rows"]) if "rows" in hists else None
+    if "groups" in hists:
+        gm = tail_model(hists["groups"])
+        per_group = rows_model.total() / max(gm.total(), 1.0) if rows_model else 1.0
+        c = choose("max_groups_contributed", gm, lambda k: noise_rows(k, m0), rows_per_step=per_group, cap=m0)
+        choices.append(c)
+        k0 = chosen["max_groups_contributed"] = c.value
+    if rows_model is not None:
+        c = choose("max_rows_per_unit", rows_model, lambda m: noise_rows(k0, m))
+        choices.append(c)
+        m0 = chosen["max_rows_per_unit"] = c.value
+    if "max_groups_contributed" in o.auto and "max_groups_contributed" not in chosen:
+        # k costs no noise here (COUNT/SUM with C = M: the sensitivity is M either way): keep every
+        # group a unit's M rows can reach; ungrouped queries have one group
+        chosen["max_groups_contributed"] = min(m0, 1000) if plan.grouped else 1
+        choices.append(BoundChoice("max_groups_contributed", chosen["max_groups_contributed"], 0.0, 0.0,
+                                   "free: the released values' sensitivity does not depend on k (k = M)"
+                                   if plan.grouped else "no GROUP BY: k = 1"))
+    dropped = None
+    if rows_model is not None:
+        dropped = min(1.0, rows_model.excess(m0) / max(rows_model.total(), 1.0))
+    return chosen, tuple(choices), dropped
+
+
+def run_bias_counts(backend: Engine, plan: Plan, spec: ProfileSpec
+                    ) -> tuple[float | None, float | None, float | None]:
+    """Release the bias counts with the plan's final bounds; (units cut share, values clipped share,
+    their noise sd)."""
+    mech = spec.bias_mechanism()
+    df = _sanitized(lambda: backend.query_df(with_settings(bias_counts_sql(plan, mech.sql))))
+    counts = [float(v) for v in df.sort_values("__dp_i")["__dp_v"]]
+    if len(counts) != len(BIAS_COUNTS):
+        raise InvalidParameter("the bias counts came back malformed")
+    return shares_from_counts(counts, mech.variance ** 0.5)
+
+
+def attach(df, bias: BiasEstimate, epsilon: float, delta: float, *, warn: bool = True):
+    """Put the bias estimate and the whole charge into the answer's attrs; warn (BiasWarning) when a
+    share is above the threshold."""
+    meta = df.attrs.get("dpch")
+    if meta is not None:
+        meta["epsilon"], meta["delta"] = epsilon, delta
+        meta["bias"] = bias.to_dict()
+    df.attrs["epsilon_spent"], df.attrs["delta_spent"] = epsilon, delta
+    df.attrs["bias"] = bias.to_dict()
+    if warn:
+        for w in bias.warnings:
+            warnings.warn(f"dpch: {w}", BiasWarning, stacklevel=4)
+    return df
+
+
+def with_bounds(plan_entry, chosen: dict[str, int]):
+    """The relation with the chosen bounds."""
+    return replace(plan_entry, **chosen)
+
+
+def noise_rows(plan: Plan) -> float:
+    """G·(mean noise sd of the plan's released counts and sums, in rows): a sum's sd is divided by
+    its per-row bound, so that it counts in rows like a count's. G: the groups each quantity is
+    released for when the keys are public (their domain sizes' product), else 1. Quantiles and
+    distinct counts are left out (their noise does not grow with the row bounds)."""
+    sds = []
+    for q in plan.quantities:
+        if not q.released or q.kind in ("quantile", "distinct"):
+            continue
+        per_row = max(abs(q.lo_units), abs(q.hi_units), 1)
+        sds.append(q.ci_halfwidth_units(0.6827) / per_row)
+    if not sds:
+        return 0.0
+    groups = 1
+    if plan.key_mode == "public":
+        for d in plan.key_domains:
+            groups *= max(1, getattr(d, "size", None) or 1)
+    return groups * sum(sds) / len(sds)
