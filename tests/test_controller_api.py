@@ -6,6 +6,7 @@ import io
 import json
 from contextlib import redirect_stdout
 
+import numpy as np
 import pytest
 
 from dpch.controller import Explanation, prepare, run_query
@@ -25,7 +26,7 @@ def test_metadata_and_confidence_intervals(adb):
            f"COUNT(*) * 2 AS twice FROM {DB}.purchases GROUP BY region")
     df = adb.query(sql, epsilon=2.0, with_ci=True, confidence=0.9)
     assert list(df.columns) == ["region", "n", "n_lo", "n_hi", "s", "s_lo", "s_hi", "a",
-                                "a_lo", "a_hi", "sd", "sd_lo", "sd_hi", "twice"]
+                                "a_lo", "a_hi", "sd", "sd_lo", "sd_hi", "twice", "twice_lo", "twice_hi"]
     meta = df.attrs["dpch"]
     assert meta["epsilon"] == pytest.approx(2.0) and meta["delta"] == 0.0
     assert meta["confidence"] == 0.9 and meta["key_mode"] == "public"
@@ -38,6 +39,8 @@ def test_metadata_and_confidence_intervals(adb):
     assert (df["a_lo"] >= 18).all() and (df["a_hi"] <= 100).all()
     assert (df["n_lo"] >= 0).all() and (df["n"] >= 0).all()
     assert (df["twice"] == 2 * df["n"]).all()
+    # a derived column's interval: the image of its one aggregate's interval (issue 29)
+    assert np.allclose(df["twice_lo"], 2 * df["n_lo"], rtol=1e-12) and np.allclose(df["twice_hi"], 2 * df["n_hi"], rtol=1e-12)
     assert "<secret salt>" in meta["sql"]
     entry = adb.catalog.get(f"{DB}.purchases")
     assert entry.hash_key_sql() not in meta["sql"]

@@ -94,7 +94,9 @@ def test_answers_are_accurate_and_charged(qdb):
     assert meta["epsilon"] == pytest.approx(4.0)
     col = meta["columns"]["m"]
     assert col["mechanism"] == "exponential" and col["levels"] == [0.5] and col["rows_per_unit_per_group"] == 10
-    assert col["ci_low"] == [0.0] and col["ci_high"] == [500.0] and col["rank_halfwidth"] > 0
+    # no value interval (the column bounds were reported as one before issue 29): the rank interval
+    assert col["ci_low"] is None and col["ci_high"] is None and col["rank_halfwidth"] > 0
+    assert col["rank_ci"] == col["rank_halfwidth"]  # one level: no recursion
     h = QuantileMechanism(2.0, 10).rank_halfwidth(1, 1 - 1e-8)
     truth = qdb.raw_query(
         f"SELECT quantileExact(0.5)(amount) AS m, quantileExact(0.9)(amount) AS p90 FROM {DB}.purchases")
