@@ -17,7 +17,7 @@ from ..cost import MechanismCost, PrivacyCost
 from ..errors import BudgetExceeded, InvalidParameter, LedgerError, NoBudget, QueryRejected
 from .records import (BudgetRow, BudgetStatus, ChargeRecord, Event, Receipt, Settlement, budget_dict, check_name,
                       check_totals, cost_from_json, cost_numbers, cost_to_json, cost_to_json_checked,
-                      default_ledger_path, spent_dict, summarize, totals)
+                      default_ledger_path, is_ledger_url, spent_dict, summarize, totals)
 from . import state as incremental
 from .sqlite_store import SQLiteLedgerStore
 from .store import LedgerStore, LedgerTxn
@@ -39,8 +39,16 @@ class Ledger:
     """The privacy-budget ledger of one deployment (see the module docstring)."""
 
     def __init__(self, path: str | Path | None = None, *, create: bool = True, store: LedgerStore | None = None):
+        """``path``: an SQLite ledger file, or a ``postgresql://`` URL (several gateways on one
+        ledger, dpch/ledger/postgres_store.py); default $DPCH_LEDGER or the data directory's file."""
         if store is None:
-            store = SQLiteLedgerStore(default_ledger_path() if path is None else path, create=create)
+            target = default_ledger_path() if path is None else path
+            if is_ledger_url(target):
+                from .postgres_store import PostgresLedgerStore  # psycopg is needed only here
+
+                store = PostgresLedgerStore(str(target), create=create)
+            else:
+                store = SQLiteLedgerStore(target, create=create)
         self.path = getattr(store, "path", None) or (Path(path) if path is not None else None)
         self.store = store
         try:

@@ -21,12 +21,18 @@ APP_NAME = "dpch-ledger"
 OUTCOMES = ("reserved", "executed", "failed", "settled")
 
 
-def default_ledger_path() -> Path:
-    """$DPCH_LEDGER, else <data dir>/ledger.sqlite with data dir = $DPCH_DATA_DIR or ./.dpch_data
-    (the embedded engine's data directory; `dpch.connect` uses the same default)."""
+def is_ledger_url(target: object) -> bool:
+    """A PostgreSQL ledger (``postgresql://…``) rather than an SQLite file."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def default_ledger_path() -> Path | str:
+    """$DPCH_LEDGER (a file, or a ``postgresql://`` URL), else <data dir>/ledger.sqlite with data
+    dir = $DPCH_DATA_DIR or ./.dpch_data (the embedded engine's data directory; `dpch.connect` uses
+    the same default)."""
     env = os.environ.get("DPCH_LEDGER")
     if env:
-        return Path(env)
+        return env if is_ledger_url(env) else Path(env)
     return Path(os.environ.get("DPCH_DATA_DIR") or "./.dpch_data") / "ledger.sqlite"
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..errors import Advice, LedgerError
-from .records import APP_NAME, APPLICATION_ID, SCHEMA_VERSION, ChargeRecord, check_totals
+from .records import APP_NAME, APPLICATION_ID, SCHEMA_VERSION
 from .sqlite_txn import COLUMNS, SCHEMA, STATE_COLUMNS, STATE_TABLE, SQLiteTxn
+from .store import check_rows
 
 T = TypeVar("T")
 
@@ -64,10 +65,12 @@ def _unreadable(path: Path, exc: BaseException) -> LedgerError:
                        f"Restore it from a backup; it is never reset automatically")
 
 
-def create_ledger_file(path: Path) -> None:
+def create_ledger_file(path: Path, populate: Callable[[sqlite3.Connection], None] | None = None) -> bool:
     """Create an empty ledger atomically: build it under a temporary name, then hard-link it into
     place (fails if another process won the race; the caller then opens theirs). The new file is
-    never opened by anything but SQLite, and its contents are synced by SQLite's own checkpoint."""
+    never opened by anything but SQLite, and its contents are synced by SQLite's own checkpoint.
+    ``populate`` (a copy from another store) fills the new tables instead of starting an empty
+    event chain. Returns False if the name was taken meanwhile."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
@@ -80,16 +83,22 @@ def create_ledger_file(path: Path) -> None:
             conn.execute("BEGIN")
             for stmt in SCHEMA:
                 conn.execute(stmt)
-            conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", (APP_NAME, str(SCHEMA_VERSION)))
-            txn = SQLiteTxn(conn, path)
-            txn.init_event_chain()
-            txn.add_event("ledger_created", None, None, None, {"schema_version": SCHEMA_VERSION})
+            if populate is not None:
+                populate(conn)
+            else:
+                conn.execute("INSERT INTO meta VALUES ('app', ?), ('schema_version', ?)", (APP_NAME, str(SCHEMA_VERSION)))
+                txn = SQLiteTxn(conn, path)
+                txn.init_event_chain()
+                txn.add_event("ledger_created", None, None, None, {"schema_version": SCHEMA_VERSION})
             conn.execute("COMMIT")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # pages into the main file, fsynced (FULL)
         finally:
             conn.close()
-        with contextlib.suppress(FileExistsError):
+        linked = True
+        try:
             os.link(tmp, path)
+        except FileExistsError:
+            linked = False
         dir_fd = os.open(str(path.parent), os.O_RDONLY)  # the directory, not the ledger: makes the link durable
         try:
             os.fsync(dir_fd)
@@ -99,6 +108,7 @@ def create_ledger_file(path: Path) -> None:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(str(tmp) + suffix)
+    return linked
 
 
 class _SharedConnection:
@@ -294,14 +304,6 @@ class _SharedConnection:
 
     def verify(self) -> None:
         """Page integrity, every row's checksum, the event chain, and the running totals."""
-        def check(txn: SQLiteTxn) -> None:
-            charges = txn.charges()
-            txn.check_event_chain()
-            by_budget: dict[tuple[str, str, int], list[ChargeRecord]] = {}
-            for c in charges:
-                by_budget.setdefault((c.analyst, c.dataset, c.generation), []).append(c)
-            for b in txn.list_budgets():
-                check_totals(self.path, b, by_budget.get((b.analyst, b.dataset, b.generation), []))
         with self.lock:
             conn = self._usable()
             try:
@@ -310,7 +312,7 @@ class _SharedConnection:
                 raise _unreadable(self.path, exc) from None
             if problems != ["ok"]:
                 raise LedgerError(f"ledger {self.path} failed its integrity check ({'; '.join(map(str, problems[:3]))})")
-        self.read(check)
+        self.read(lambda txn: check_rows(txn, self.path))
 
     def backup(self, dest: Path) -> None:
         """A consistent copy through SQLite's online backup API (never a file copy of a live ledger)."""

@@ -124,8 +124,7 @@ class SQLiteTxn:
 
     def put_budget(self, row):
         values = _budget_values(row)
-        self.conn.execute(f"INSERT OR REPLACE INTO budgets ({', '.join(_COLUMNS['budgets'])}) "
-                          f"VALUES ({', '.join('?' * len(_COLUMNS['budgets']))})", values + [row_checksum(values)])
+        self._upsert("budgets", _COLUMNS["budgets"], 2, values + [row_checksum(values)])
 
     # -- charges ----------------------------------------------------------------------------
     def _charge_row(self, row) -> ChargeRecord:
@@ -203,8 +202,7 @@ class SQLiteTxn:
 
     def put_state(self, analyst, dataset, generation, state):
         values = [analyst, dataset, int(generation), state]
-        self.conn.execute("INSERT OR REPLACE INTO budget_state (analyst, dataset, generation, state, checksum) "
-                          "VALUES (?, ?, ?, ?, ?)", values + [row_checksum(values)])
+        self._upsert("budget_state", STATE_COLUMNS, 3, values + [row_checksum(values)])
 
     # -- events -----------------------------------------------------------------------------
     def add_event(self, kind, analyst, dataset, charge_id, detail):
@@ -221,7 +219,14 @@ class SQLiteTxn:
         return eid
 
     def _set_meta(self, key: str, value: str) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        self._upsert("meta", _COLUMNS["meta"], 1, [key, value])
+
+    def _upsert(self, table: str, cols: list[str], n_key: int, values: list) -> None:
+        """Insert or replace the row whose first ``n_key`` columns are its key (SQL that SQLite
+        and PostgreSQL both read)."""
+        sets = ", ".join(f"{c}=excluded.{c}" for c in cols[n_key:])
+        self.conn.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                          f"ON CONFLICT ({', '.join(cols[:n_key])}) DO UPDATE SET {sets}", values)
 
     def event_chain(self) -> tuple[int, str]:
         """(count, head) of the event chain as recorded in meta."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, TypeVar
 
-from .records import BudgetRow, ChargeRecord, Event
+from .records import BudgetRow, ChargeRecord, Event, check_totals
 
 T = TypeVar("T")
 
@@ -44,3 +44,15 @@ class LedgerStore(Protocol):
     def backup(self, dest: str) -> None: ...  # a consistent copy, via the store's own means
     def close(self) -> None: ...
 
+
+
+def check_rows(txn, path) -> None:
+    """The store-independent part of `LedgerStore.verify`: every row's checksum (read through the
+    transaction), the event chain, and each budget's running totals against its charges."""
+    charges = txn.charges()
+    txn.check_event_chain()
+    by_budget: dict[tuple[str, str, int], list[ChargeRecord]] = {}
+    for c in charges:
+        by_budget.setdefault((c.analyst, c.dataset, c.generation), []).append(c)
+    for b in txn.list_budgets():
+        check_totals(path, b, by_budget.get((b.analyst, b.dataset, b.generation), []))
