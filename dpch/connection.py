@@ -195,7 +195,7 @@ class Connection:
 
 def connect(target: str | Path | None = None, *, user: str = "default", password: str = "",
             database: str = "default", analyst: str | None = None,
-            ledger_path: str | Path | None = None) -> Connection:
+            ledger_path: str | Path | None = None, ledger: str | Path | None = None) -> Connection:
     """Open DPCH.
 
     - `connect()`: the embedded ClickHouse engine (chDB) in `$DPCH_DATA_DIR` or `./.dpch_data`;
@@ -204,7 +204,8 @@ def connect(target: str | Path | None = None, *, user: str = "default", password
       clickhouse_config deployed.
 
     `analyst` (default: the OS user name) is recorded on every charge. The ledger defaults to
-    `<data dir>/ledger.sqlite` (for servers, `$DPCH_DATA_DIR` or `./.dpch_data`).
+    `<data dir>/ledger.sqlite` (for servers, `$DPCH_DATA_DIR` or `./.dpch_data`); `ledger` (or
+    `ledger_path`) names another file or a shared `postgresql://…` ledger (docs/DEPLOY.md).
     """
     analyst = analyst or getpass.getuser()
     target_str = str(target) if target is not None else None
@@ -215,5 +216,7 @@ def connect(target: str | Path | None = None, *, user: str = "default", password
     else:
         data_dir = Path(target_str).resolve() if target_str else default_data_dir()
         backend = EmbeddedBackend.open(data_dir)
-    return Connection(backend, analyst=analyst, data_dir=data_dir,
-                      ledger_path=Path(ledger_path) if ledger_path else None)
+    target = ledger or ledger_path
+    if target and not str(target).startswith(("postgresql://", "postgres://")):
+        target = Path(target)
+    return Connection(backend, analyst=analyst, data_dir=data_dir, ledger_path=target or None)

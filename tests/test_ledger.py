@@ -12,6 +12,7 @@ from dpch.accounting import SETTLED_KIND
 from dpch.cost import MechanismCost, PrivacyCost
 from dpch.errors import BudgetExceeded, InvalidParameter, LedgerError, QueryRejected
 from dpch.ledger import Ledger, default_ledger_path
+from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 
 def lap(eps: float, label: str = "COUNT(*)", odp=()) -> MechanismCost:
@@ -27,8 +28,8 @@ def q(*m) -> PrivacyCost:
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    with Ledger(tmp_path / "ledger.sqlite") as led:
+def ledger(ledger_target):
+    with Ledger(ledger_target) as led:
         yield led
 
 
@@ -124,6 +125,8 @@ def test_mark_skips_the_fsync_but_charges_stay_fully_synchronous(ledger):
     """A mark commits with synchronous=NORMAL (its loss is conservative: the charge stays
     "reserved", counted in full); every other write, a charge above all, must still commit with
     synchronous=FULL. PRAGMA synchronous reads 2 for FULL, 1 for NORMAL."""
+    if "sqlite" not in type(ledger.store).__name__.lower():
+        pytest.skip("SQLite's PRAGMA synchronous; PostgreSQL's synchronous_commit: tests/test_ledger_postgres.py")
     conn = ledger.store._live().conn
     seen = []
 
@@ -194,8 +197,8 @@ def test_remaining_in_each_currency(ledger):
     assert [s.analyst for s in ledger.budgets()] == ["a", "b"]
 
 
-def test_persistence_across_reopen(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_persistence_across_reopen(ledger_target):
+    path = ledger_target
     with Ledger(path) as led:
         led.set_budget("alice", "purchases", 1.0)
         r = led.charge("alice", "purchases", q(lap(0.4)), "q")
@@ -206,8 +209,8 @@ def test_persistence_across_reopen(tmp_path):
         assert led.history()[0].outcome == "executed"
 
 
-def test_threads_share_one_budget(tmp_path):
-    path = tmp_path / "l.sqlite"
+def test_threads_share_one_budget(ledger_target):
+    path = ledger_target
     with Ledger(path) as admin:
         admin.set_budget("alice", "purchases", 25.0)
     ok = []

@@ -31,6 +31,7 @@ from dpch.accounting import (SETTLED_KIND, get_accountant, make_budget, odp_filt
 from dpch.cost import MechanismCost, PrivacyCost
 from dpch.errors import BudgetExceeded, InvalidParameter, LedgerError, QueryRejected
 from dpch.ledger import Ledger, Receipt
+from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 REPO = Path(__file__).resolve().parents[1]
 D = 2.0 ** -20  # a dyadic δ unit
@@ -46,8 +47,8 @@ def q(*m: MechanismCost) -> PrivacyCost:
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    with Ledger(tmp_path / "ledger.sqlite") as led:
+def ledger(ledger_target):
+    with Ledger(ledger_target) as led:
         yield led
 
 
@@ -509,8 +510,8 @@ def test_verify_on_open_checks_alg1_for_every_charge(tmp_path):
 # Crash after reserve: the worst case stays, for good
 # ---------------------------------------------------------------------------------------------
 
-def test_unsettled_charge_stays_at_worst_case_after_reopening(tmp_path):
-    path = tmp_path / "ledger.sqlite"
+def test_unsettled_charge_stays_at_worst_case_after_reopening(ledger_target):
+    path = ledger_target
     cost = q(mech(0.75, (0.0, 0.25), 0.0, "SVT"))
     with Ledger(path) as led:
         led.set_budget("alice", "v", 1.0, 0.0, "odp")
@@ -554,8 +555,8 @@ def _env() -> dict:
     return env
 
 
-def test_process_killed_after_reserve_keeps_the_worst_case(tmp_path):
-    path = tmp_path / "ledger.sqlite"
+def test_process_killed_after_reserve_keeps_the_worst_case(ledger_target):
+    path = ledger_target
     with Ledger(path) as led:
         led.set_budget("alice", "v", 1.5, 0.0, "odp")
     out = subprocess.run([sys.executable, "-c", CRASH_WORKER, str(path)], env=_env(), capture_output=True, text=True,
