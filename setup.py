@@ -51,6 +51,10 @@ setup(
         "starlette>=0.37",
         "uvicorn>=0.29",
         "argon2-cffi>=23.1",
+        # the gateway's native TCP protocol (dpch.gateway.native): ClickHouse's compressed frames are
+        # LZ4 with a CityHash128 v1.0.2 checksum (the same two packages clickhouse-driver uses)
+        "lz4>=4.0",
+        "clickhouse-cityhash>=1.0.2",
     ],
     extras_require={
         # What the UDF program (`dpch-udf`, dpch/udf_entry.py -> dpch._udf_program) needs at run time

@@ -2,6 +2,7 @@
 
     dpch serve [--data-dir DIR] [--host 127.0.0.1] [--port 8123]
                [--backend URL --backend-user U --backend-password-file F]
+               [--tcp-port 9000 [--tcp-idle-timeout S]]
                [--max-execution-time S --max-memory-usage B --max-rows-to-read N
                 --max-result-rows N --max-bytes-to-read B] [--engine-sessions N] [--unconfined]
 
@@ -26,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a ClickHouse server (e.g. http://clickhouse:8123); default: the embedded engine in DIR")
     p.add_argument("--backend-user", default="default")
+    p.add_argument("--ledger", default=None, metavar="PATH|URL",
+                   help="the ledger: an SQLite file (default DIR/ledger.sqlite) or postgresql://… shared by "
+                        "several gateways (docs/DEPLOY.md)")
     p.add_argument("--backend-password-file", default=None, metavar="FILE",
                    help="file holding the backend user's password (or $DPCH_BACKEND_PASSWORD)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -53,6 +57,11 @@ def register(subparsers) -> None:
     p.add_argument("--engine-sessions", type=int, default=DEFAULT_SESSIONS, metavar="N",
                    help=f"engine connections (and threads) running queries in parallel, 1 to {MAX_SESSIONS}; "
                         "one analyst uses at most N - 1")
+    p.add_argument("--tcp-port", type=int, default=None, metavar="PORT",
+                   help="also speak ClickHouse's native TCP protocol on PORT (e.g. 9000; docs/GATEWAY.md "
+                        "'Native protocol')")
+    p.add_argument("--tcp-idle-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds a native connection may stay idle between queries")
     p.add_argument("--unconfined", action="store_true",
                    help="run the embedded engine without Landlock confinement (not for production)")
     p.set_defaults(func=_run)
@@ -75,7 +84,15 @@ def _run(args) -> int:
     cfg = GatewayConfig(data_dir=data_dir, backend_url=args.backend, backend_user=args.backend_user,
                         backend_password=password, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, access_log=args.access_log, limits=limits,
-                        unconfined=unconfined, engine_sessions=args.engine_sessions)
+                        unconfined=unconfined, engine_sessions=args.engine_sessions, ledger=args.ledger)
+    if args.tcp_port is not None:
+        from ..gateway.native import NativeConfig
+
+        # the native interface: the HTTP transport's limits, and the HTTP body's cap on the query text
+        cfg.native = NativeConfig(port=args.tcp_port, host=args.host, hello_timeout=args.header_timeout,
+                                  packet_timeout=args.body_timeout, idle_timeout=args.tcp_idle_timeout,
+                                  max_connections_per_ip=args.max_connections_per_ip,
+                                  max_connections=args.max_connections, max_query_bytes=args.max_body_bytes)
     from ..gateway.limits import HttpLimits
 
     lim = HttpLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
