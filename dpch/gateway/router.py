@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from .. import dp_functions
 from ..plan.options import MECHANISMS, SELECTION_RULES, TOP_K_METHODS
-from . import metadata
+from . import metadata, params, postprocess_wrapper
 from .formats import resolve_format
 from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON, SYNTAX_ERROR, GatewayError,
                      from_dpch)
@@ -85,6 +85,7 @@ class DPOptions:
     top_k: str = "auto"
     output_range: tuple | None = None  # mechanism bounded_laplace (option output_range)
     mixed_rule: str | None = None  # mechanism mixed (option mixed_rule)
+    bounds: dict = field(default_factory=dict)  # per-query contribution bounds and shares (issue 29)
 
     @classmethod
     def from_settings(cls, s: dict[str, str]) -> "DPOptions":
@@ -125,6 +126,17 @@ class DPOptions:
             o.with_ci = v in ("1", "true")
         if s.get("dpch_confidence", "") != "":
             o.confidence = num("dpch_confidence")
+        for name in ("dpch_max_rows_per_unit", "dpch_max_groups_contributed"):
+            v = s.get(name, "").strip().lower()
+            if v == "auto":
+                o.bounds[name[5:]] = "auto"
+            elif v != "":
+                if not v.isdigit() or len(v) > 7:
+                    raise GatewayError(DPCH_INVALID_PARAMETER, f"{name} must be an integer in [1, 1000000] or auto")
+                o.bounds[name[5:]] = int(v)
+        for name in ("dpch_auto_share", "dpch_bias_share"):
+            if s.get(name, "") != "":
+                o.bounds[name[5:]] = num(name)
         if s.get("dpch_selection", "") != "":
             o.selection = s["dpch_selection"].lower()
             if o.selection not in SELECTION_RULES:
@@ -165,10 +177,18 @@ def _parse(sql: str) -> list[exp.Expression]:
     return trees
 
 
+CREATE_VIEW_REFUSAL = ("CREATE VIEW is not available through the DP gateway (a view would answer its query again, "
+                       "uncharged, on every read). Wrap the query instead: SELECT … FROM (<DP query>) AS t "
+                       "[WHERE …] [ORDER BY …] [LIMIT …] post-processes its released rows at no extra cost; with ibis, "
+                       "give the schema: con.sql(query, schema=...)")
+
+
 def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
-           default_format: str | None = None, format_settings: dict[str, str] | None = None) -> Answer:
+           default_format: str | None = None, format_settings: dict[str, str] | None = None,
+           query_params: dict[str, str] | None = None) -> Answer:
     """Route and answer one query (called on the engine thread). ``format_settings``: output
-    format settings, validated (dpch.gateway.formats.output_settings)."""
+    format settings, validated (dpch.gateway.formats.output_settings). ``query_params``: the
+    values of ``{name:Type}`` placeholders (``param_<name>``), bound by dpch.gateway.params."""
     if not sql.strip():
         raise GatewayError(SYNTAX_ERROR, "Empty query")
     if len(_split_statements(sql)) > 1:
@@ -185,7 +205,11 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     trees = _parse(sql)
     if len(trees) != 1:
         raise GatewayError(SYNTAX_ERROR, "Multi-statements are not allowed" if trees else "Empty query")
-    tree = trees[0]
+    tree = params.bind_params(trees[0], query_params or {})
+    if tree is not trees[0]:
+        sql = tree.sql("clickhouse")  # the ledger records the statement with its parameters bound
+    if isinstance(tree, exp.Create) and str(tree.args.get("kind") or "").upper() == "VIEW":
+        raise GatewayError(ACCESS_DENIED, CREATE_VIEW_REFUSAL)
     if not isinstance(tree, exp.Select):
         raise GatewayError(ACCESS_DENIED, f"{type(tree).__name__.upper()} statements are not allowed: the gateway "
                            "answers DP SELECT queries and metadata queries only")
@@ -200,6 +224,21 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     for t in tree.find_all(exp.Table):
         if not isinstance(t.this, exp.Identifier):
             raise GatewayError(ACCESS_DENIED, "table functions are not allowed")
+    return _route(gw, ctx, user, tree, sql, settings, fmt, format_settings, want_df=False)
+
+
+def _route(gw, ctx, user: str, tree: exp.Select, sql: str, settings: dict[str, str], fmt: str,
+           format_settings: dict[str, str] | None, want_df: bool) -> Answer:
+    """Answer one SELECT (its FORMAT and SETTINGS taken out). ``want_df``: a DataFrame answer
+    (the inner query of a wrapper), not the engine's rendering."""
+    database = ctx.database
+    if postprocess_wrapper.inner_query(tree) is not None:
+        def run_inner(inner: exp.Select):
+            inner_settings = {**settings, **query_settings(inner)}
+            return _route(gw, ctx, user, inner, inner.sql("clickhouse"), inner_settings, fmt, format_settings, True)
+
+        df, inner_answer = postprocess_wrapper.answer(tree, lambda inner: _df_of(run_inner(inner)))
+        return Answer(df, inner_answer.kind, fmt, inner_answer.meta, rows=len(df))
     if metadata.is_constant_select(tree):
         if any(True for _ in tree.find_all(exp.Subquery, exp.Select)) and list(tree.find_all(exp.Select))[1:]:
             raise GatewayError(ACCESS_DENIED, "subqueries are not allowed here")
@@ -207,6 +246,7 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     vname = metadata.virtual_table_name(tree)
     if vname is not None:
         return Answer(metadata.answer_virtual_select(tree, vname, ctx), "metadata", fmt)
+
     catalogued = {e.table for e in ctx.catalog_entries}
     with_ = tree.args.get("with_")
     ctes = {c.alias_or_name.lower() for c in with_.expressions} if with_ is not None else set()
@@ -229,9 +269,12 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
             if opts.top_k != "auto":
                 raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_top_k applies to SQL aggregates with "
                                    "dpch_epsilon; queries calling dp_* functions use dpch_top_k = 'auto'")
+            if opts.bounds:
+                raise GatewayError(DPCH_INVALID_PARAMETER, f"{', '.join('dpch_' + n for n in opts.bounds)} apply "
+                                   "to SQL aggregates with dpch_epsilon; dp_* functions take their bounds as arguments")
             rw = dp_functions.rewrite_dp_functions(tree, extra_delta=opts.delta)
             out = dp_functions.run_dp_functions(conn, rw, with_ci=opts.with_ci, confidence=opts.confidence,
-                                                fmt=fmt, format_settings=format_settings)
+                                                fmt=None if want_df else fmt, format_settings=format_settings)
             kind = "dp_functions"
         else:
             if opts.epsilon is None:
@@ -245,11 +288,13 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
                     o[name] = getattr(opts, name)
             if opts.confidence is not None:
                 o["confidence"] = opts.confidence
+            o.update(opts.bounds)
             from ..controller import run_query, run_query_formatted
 
             # the tree is the statement without its FORMAT and SETTINGS; the ledger records the text sent
-            if opts.with_ci:  # CI columns are computed in Python: DataFrame path, rendered after
-                out = run_query(conn, sql, epsilon=opts.epsilon, delta=opts.delta, tree=tree, with_ci=True, **o)
+            if opts.with_ci or want_df:  # CI columns are computed in Python: DataFrame path, rendered after
+                out = run_query(conn, sql, epsilon=opts.epsilon, delta=opts.delta, tree=tree,
+                                with_ci=opts.with_ci, **o)
             else:
                 out = run_query_formatted(conn, sql, fmt, epsilon=opts.epsilon, delta=opts.delta, tree=tree,
                                           format_settings=format_settings, **o)
@@ -261,9 +306,35 @@ def answer(gw, user: str, sql: str, url_settings: dict[str, str], database: str,
     if isinstance(out, pd.DataFrame):
         meta = out.attrs.get("dpch", {})
         return Answer(out, kind, fmt, {"epsilon": meta.get("epsilon"), "delta": meta.get("delta"),
-                                       "receipt": meta.get("receipt"), "dataset": meta.get("table")}, rows=len(out))
+                                       "receipt": meta.get("receipt"), "dataset": meta.get("table"),
+                                       "bias": out.attrs.get("bias")}, rows=len(out))
+    bias = getattr(out, "bias", None)
     return Answer(None, kind, fmt, {"epsilon": out.epsilon, "delta": out.delta, "receipt": out.receipt,
-                                    "dataset": out.dataset}, body=out.body, rows=out.rows)
+                                    "dataset": out.dataset, "bias": bias.to_dict() if bias else None},
+                  body=out.body, rows=out.rows)
+
+
+def bias_headers(bias: dict | None) -> dict[str, str]:
+    """The X-DPCH-Bias-* response headers of an answer's bias estimate (noisy shares; no data value),
+    and X-DPCH-Warning when a share is above the warning threshold (dpch.plan.profile)."""
+    if not bias:
+        return {}
+    out = {}
+    for key, header in (("rows_dropped_share", "Rows-Dropped"), ("units_cut_share", "Units-Cut"),
+                        ("values_clipped_share", "Values-Clipped")):
+        if bias.get(key) is not None:
+            out[f"X-DPCH-Bias-{header}"] = f"{bias[key]:.4f}"
+    if bias.get("choices"):
+        out["X-DPCH-Bounds"] = ", ".join(f"{c['name']}={c['value']}" for c in bias["choices"])
+    if bias.get("warnings"):
+        out["X-DPCH-Warning"] = "; ".join(bias["warnings"])
+    return out
+
+
+def _df_of(ans: Answer) -> tuple[pd.DataFrame, Answer]:
+    if ans.df is None:  # not reached: want_df answers are DataFrames
+        raise GatewayError(ACCESS_DENIED, "the inner query cannot be post-processed")
+    return ans.df, ans
 
 
 def _split_statements(sql: str) -> list[str]:
