@@ -74,6 +74,8 @@ class GatewayConfig:
     engine_margin: float = 10.0  # seconds past max_execution_time before the worker is killed and restarted
     # engine connections in the worker = engine threads in the gateway: queries that run in parallel
     engine_sessions: int = DEFAULT_SESSIONS
+    # the native TCP interface (dpch.gateway.native.NativeConfig; None: HTTP only)
+    native: object | None = None
 
 
 class Gateway:
@@ -184,8 +186,8 @@ class Gateway:
         self.access.close()
 
     # -- one query, on an engine thread ---------------------------------------------------------
-    def run(self, user, sql, dp_settings, out_settings, database, default_format, query_params=None):
-        ans = answer(self, user, sql, dp_settings, database, default_format, out_settings, query_params)
+    def run(self, user, sql, dp_settings, out_settings, database, default_format):
+        ans = answer(self, user, sql, dp_settings, database, default_format, out_settings)
         if ans.body is None:  # metadata, or a DataFrame with CI columns: ClickHouse renders it now
             ans.body = self.renderer.render(ans.df, ans.fmt, out_settings)
             ans.rows = len(ans.df)
@@ -283,9 +285,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             out_settings = formats.output_settings(params)
             database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
             default_format = params.get("default_format") or request.headers.get("x-clickhouse-format") or None
-            query_params = {k[6:]: v for k, v in params.items() if k.startswith("param_")}  # {name:Type} values
-            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format,
-                                     query_params, user=user)
+            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format, user=user)
             kind, fmt, out = ans.kind, ans.fmt, ans.body
             elapsed = time.perf_counter() - t0
             summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
@@ -371,11 +371,18 @@ def build_app(cfg: GatewayConfig) -> Starlette:
     @asynccontextmanager
     async def lifespan(app):
         await gw.startup()
+        native = None
+        if cfg.native is not None:  # the native protocol shares gw (docs/GATEWAY.md "Native protocol")
+            from .native import start as start_native
+
+            native = await start_native(gw, cfg.native)
         print(f"dpch serve: ready ({'server ' + cfg.backend_url if cfg.backend_url else 'embedded engine'}, "
               f"data dir {cfg.data_dir})", file=sys.stderr, flush=True)
         try:
             yield
         finally:
+            if native is not None:
+                await native.stop()
             await gw.shutdown()
             print("dpch serve: stopped", file=sys.stderr, flush=True)
 
