@@ -186,8 +186,8 @@ class Gateway:
         self.access.close()
 
     # -- one query, on an engine thread ---------------------------------------------------------
-    def run(self, user, sql, dp_settings, out_settings, database, default_format):
-        ans = answer(self, user, sql, dp_settings, database, default_format, out_settings)
+    def run(self, user, sql, dp_settings, out_settings, database, default_format, query_params=None):
+        ans = answer(self, user, sql, dp_settings, database, default_format, out_settings, query_params)
         if ans.body is None:  # metadata, or a DataFrame with CI columns: ClickHouse renders it now
             ans.body = self.renderer.render(ans.df, ans.fmt, out_settings)
             ans.rows = len(ans.df)
@@ -285,7 +285,9 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             out_settings = formats.output_settings(params)
             database = params.get("database") or request.headers.get("x-clickhouse-database") or "default"
             default_format = params.get("default_format") or request.headers.get("x-clickhouse-format") or None
-            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format, user=user)
+            query_params = {k[6:]: v for k, v in params.items() if k.startswith("param_")}  # {name:Type} values
+            ans = await gw.on_engine(gw.run, user, sql, dp_settings, out_settings, database, default_format,
+                                     query_params, user=user)
             kind, fmt, out = ans.kind, ans.fmt, ans.body
             elapsed = time.perf_counter() - t0
             summary = {"read_rows": "0", "read_bytes": "0", "written_rows": "0", "written_bytes": "0",
