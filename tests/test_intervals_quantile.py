@@ -8,8 +8,10 @@ term of docs/CONTROLLER.md "Intervals" is at most one row. Per group, with proba
 every level's released bucket b has L(b) <= αn + r + 1 rows below it and L(b) + c(b) >= αn − r − 1
 at or below it (n the group's rows: the truth is the raw data, which bounding keeps whole). The
 groups' releases are independent, so the misses are stochastically below Binomial(400, 0.05); each
-check allows fewer than c = the least count with P[Binomial(400, 0.05) >= c] < 0.25e-6 (four
+check allows fewer than c = the least count with P[Binomial(400, 0.05) >= c] < 0.25e-6 (three
 checks in this file: a correct implementation fails with probability < 1e-6).
+
+Exact (no randomness): the rank statement against QuantileMechanism.probabilities on small grids.
 """
 from __future__ import annotations
 
@@ -92,3 +94,47 @@ def test_count_of_other_rows_gives_no_level_interval(qdb):
     """countIf counts other rows than the histogram's: no level interval from it."""
     df = qdb.query(f"SELECT median(x) AS m, countIf(x > 5) AS n FROM {T}", epsilon=1.0, with_ci=True)
     assert list(df.columns) == ["m", "m_rank_ci", "n", "n_lo", "n_hi"]
+
+
+# -- exact: the rank statement against the mechanism's exact output law (small grids) ---------
+
+def _violation(counts, alphas, outcome_probs, r, tie) -> float:
+    """P[some level's released bucket b has L(b) > αn + r + tie(α) or L(b) + c(b) < αn − r − tie(α)]."""
+    n = sum(counts)
+    below = np.concatenate([[0], np.cumsum(counts)])  # below[b] = rows in buckets < b
+    bad = 0.0
+    for buckets, p in outcome_probs.items():
+        for a, b in zip(alphas, buckets):
+            if below[b] > a * n + r + tie(a) or below[b + 1] < a * n - r - tie(a):
+                bad += p
+                break
+    return bad
+
+
+@pytest.mark.parametrize("alphas", [(0.5,), (0.0,), (1.0,), (0.25, 0.75), (0.1, 0.5, 0.9)])
+@pytest.mark.parametrize("seed", range(4))
+def test_rank_statement_holds_under_the_exact_law(alphas, seed):
+    """Quantity.rank_ci's statement (docs/CONTROLLER.md "Intervals"), checked exactly with
+    QuantileMechanism.probabilities on 12-bucket histograms (random counts, some heavy buckets):
+    the probability of a violation is at most β = 1 − confidence. Tie term t: one or two levels,
+    the rows of the bucket holding the αn-th row; three levels (depth 2), the rows of the heaviest
+    bucket, twice per depth."""
+    from dpch.mechanisms import QuantileMechanism
+
+    rng = np.random.default_rng(seed)
+    counts = [int(c) for c in rng.choice([0, 1, 3, 8], size=12)]
+    n = sum(counts)
+    below = np.concatenate([[0], np.cumsum(counts)])
+    mech = QuantileMechanism(2.0, 1)
+    conf = 0.5  # a low confidence keeps r well below n, so a wrong statement would show
+    m = len(alphas)
+    h = mech.rank_halfwidth(m, conf, buckets=len(counts))
+    r = h if m <= 2 else m.bit_length() * h
+    assert r < n
+
+    def tie(a):
+        if m >= 3:
+            return 2 * m.bit_length() * max(counts)
+        b = int(np.searchsorted(below, a * n, side="right")) - 1  # the bucket holding rank αn
+        return counts[min(max(b, 0), len(counts) - 1)]
+    assert _violation(counts, alphas, mech.probabilities(counts, list(alphas)), r, tie) <= 1 - conf
