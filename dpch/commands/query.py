@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 
 
 def _float(text: str) -> float:
@@ -71,10 +72,15 @@ def _query_args(sp) -> None:
                          "top_k_selection (repeatable)")
     sp.add_argument("--keys", action="append", default=[], metavar="KEY=V1,V2,...",
                     help="public key values for a GROUP BY key for this query (repeatable)")
-    sp.add_argument("--max-groups", type=int, default=None, metavar="K",
-                    help="groups per unit for this query (replaces the catalog's max_groups_contributed)")
-    sp.add_argument("--max-rows", type=int, default=None, metavar="M",
-                    help="rows per unit for this query (replaces the catalog's max_rows_per_unit)")
+    sp.add_argument("--max-groups", type=_bound, default=None, metavar="K|auto",
+                    help="groups per unit for this query (replaces the catalog's max_groups_contributed); "
+                         "auto: chosen from the data with a share of ε (--auto-share)")
+    sp.add_argument("--max-rows", type=_bound, default=None, metavar="M|auto",
+                    help="rows per unit for this query (replaces the catalog's max_rows_per_unit); auto: as above")
+    sp.add_argument("--auto-share", type=_float, default=None, metavar="S",
+                    help="share of ε that chooses 'auto' bounds (default 0.1)")
+    sp.add_argument("--bias-share", type=_float, default=None, metavar="S",
+                    help="share of ε that measures the bias of bounding (units cut, values clipped)")
     sp.add_argument("--max-rows-per-group", type=int, default=None, metavar="C",
                     help="rows per unit and group for this query (replaces the catalog's max_rows_per_group)")
     _common(sp)
@@ -104,7 +110,20 @@ def _options(args) -> dict:
                        ("max_rows_per_group", "max_rows_per_group")):
         if getattr(args, flag) is not None:
             opts[name] = getattr(args, flag)
+    for flag in ("auto_share", "bias_share"):
+        if getattr(args, flag, None) is not None:
+            opts[flag] = getattr(args, flag)
     return opts
+
+
+def _bound(text: str):
+    """A contribution bound: a positive integer or 'auto' (checked by QueryOptions)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
 
 
 def _output_range(items: list[str]):
@@ -170,6 +189,22 @@ def _print_df(df, fmt: str, with_ci: bool) -> None:
         line = line.replace("intervals available", "intervals: add --ci")
     # the table gets its summary under it; csv/json keep stdout machine-readable
     print(line if fmt == "table" else f"dpch: {line}", file=sys.stdout if fmt == "table" else sys.stderr)
+    for bias_line in _bias_lines(df.attrs.get("bias")):
+        print(bias_line if fmt == "table" else f"dpch: {bias_line}", file=sys.stdout if fmt == "table" else sys.stderr)
+
+
+def _bias_lines(bias) -> list[str]:
+    """The answer's bias estimate (noisy shares) and its warnings, one line each."""
+    if not bias:
+        return []
+    parts = [f"{label} {bias[key]:.1%}" for key, label in (("rows_dropped_share", "rows dropped"),
+                                                           ("units_cut_share", "units cut"),
+                                                           ("values_clipped_share", "units with clipped values"))
+             if bias.get(key) is not None]
+    chosen = ", ".join(f"{c['name']}={c['value']}" for c in bias.get("choices", []))
+    lines = [f"bias of bounding (estimated, noisy): {', '.join(parts) or 'not measured'}"
+             + (f"; bounds chosen from the data: {chosen}" if chosen else "")]
+    return lines + [f"warning: {w}" for w in bias.get("warnings", [])]
 
 
 def _print_remaining(db, df) -> None:
@@ -188,7 +223,9 @@ def cmd_query(args) -> int:
     opts = _options(args)
     opts["with_ci"] = args.ci
     with _connect(args) as db:
-        df = db.query(args.sql, epsilon=args.epsilon, delta=args.delta, **opts)
+        with warnings.catch_warnings():  # the bias warnings are printed as lines under the answer
+            warnings.filterwarnings("ignore", message="dpch: ")
+            df = db.query(args.sql, epsilon=args.epsilon, delta=args.delta, **opts)
         _print_df(df, args.format, args.ci)
         _print_remaining(db, df)
     return 0

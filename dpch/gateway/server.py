@@ -43,7 +43,7 @@ from .accesslog import AccessLog
 from .auth import auth_failed, credentials
 from .errors import (BAD_ARGUMENTS, CANNOT_PARSE_INPUT, TIMEOUT, TOO_LARGE_REQUEST, TOO_MANY_SIMULTANEOUS_QUERIES,
                      UNSUPPORTED_METHOD, GatewayError, from_dpch)
-from .router import DP_SETTING_NAMES, answer
+from .router import DP_SETTING_NAMES, answer, bias_headers
 
 log = logging.getLogger("dpch.gateway")
 
@@ -76,6 +76,12 @@ class GatewayConfig:
     engine_sessions: int = DEFAULT_SESSIONS
     # the native TCP interface (dpch.gateway.native.NativeConfig; None: HTTP only)
     native: object | None = None
+    # the ledger: None for <data dir>/ledger.sqlite, or a file or postgresql:// URL (several gateways)
+    ledger: str | None = None
+
+    @property
+    def ledger_target(self):
+        return self.ledger or self.data_dir / "ledger.sqlite"
 
 
 class Gateway:
@@ -126,7 +132,7 @@ class Gateway:
             log.info("engine worker pid %s, %d engine sessions: %s", self.backend.pid, cfg.engine_sessions,
                      f"Landlock ABI {self.backend.report['report']['abi']}" if self.backend.report["confined"]
                      else "unconfined")
-        self.ledger = Ledger(cfg.data_dir / "ledger.sqlite")  # verifies; fails the start if broken
+        self.ledger = Ledger(cfg.ledger_target)  # verifies; fails the start if broken
         self.renderer = formats.Renderer(self.backend)
         self._catalog = Catalog(self.backend)
         self._catalog.list()
@@ -155,7 +161,7 @@ class Gateway:
                 if hasattr(backend, "with_limits"):  # the engine worker: this analyst's limits
                     backend = backend.with_limits(lambda: self.cfg.limits.with_overrides(self.users.limits(user)))
                 conn = Connection(backend, analyst=user, data_dir=self.cfg.data_dir,
-                                  ledger_path=self.cfg.data_dir / "ledger.sqlite")
+                                  ledger_path=self.cfg.ledger_target)
                 _ = (conn.catalog, conn.ledger)  # made now, under the lock: the lazy properties are not thread-safe
                 self._conns[user] = conn
         return conn
@@ -300,6 +306,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
             if ans.meta.get("epsilon") is not None:
                 headers["X-DPCH-Epsilon"] = repr(float(ans.meta["epsilon"]))
                 headers["X-DPCH-Delta"] = repr(float(ans.meta.get("delta") or 0.0))
+                headers.update(bias_headers(ans.meta.get("bias")))
             gw.access.write(user=user, query_id=query_id, kind=kind, outcome="accepted", format=fmt,
                             epsilon=ans.meta.get("epsilon"), delta=ans.meta.get("delta"),
                             dataset=ans.meta.get("dataset"), receipt=ans.meta.get("receipt"), rows=ans.rows,

@@ -86,7 +86,7 @@ class TailModel:
     """T(x), the number of units with more than x rows (or groups), as estimated from a histogram:
     the trusted grid points, then a power law T(x) = t·(x/e)^-α from the last one."""
 
-    points: tuple[tuple[int, float], ...]  # (edge, T) where trusted
+    points: tuple[tuple[int, float], ...]  # (x, #{c > x}) where trusted: x = GRID[i] - 1, T_i
     alpha: float  # the power law's exponent, or with ``scale`` the exponential's local exponent x/λ
     scale: float = 0.0  # λ > 0: beyond the last point T(x) = t·e^{-(x - e)/λ} (an exponential tail)
 
@@ -101,7 +101,7 @@ class TailModel:
         e, t = pts[-1]
         if self.scale > 0:
             return t * math.exp(-(x - e) / self.scale)
-        return t * (x / e) ** (-self.alpha)
+        return t * (x / max(e, 1)) ** (-self.alpha) if x > max(e, 1) else t
 
     def excess(self, m: float) -> float:
         """Σ_u (c_u - m)+ = ∫_m^∞ T(x) dx: what a bound m drops (trapezoids over the trusted points,
@@ -117,11 +117,14 @@ class TailModel:
         a = max(lo, e)
         if self.scale > 0:
             return total + self.scale * t * math.exp(-(a - e) / self.scale)
-        return total + t * e ** self.alpha * a ** (1.0 - self.alpha) / (self.alpha - 1.0)
+        e1 = max(e, 1)
+        if a < e1:  # flat from e to 1 (e = 0: the only point is the number of units)
+            total, a = total + (e1 - a) * t, e1
+        return total + t * e1 ** self.alpha * a ** (1.0 - self.alpha) / (self.alpha - 1.0)
 
     def total(self) -> float:
-        """Σ_u c_u (T(x) for x >= 0: every unit has at least one)."""
-        return self.points[0][1] + self.excess(self.points[0][0])
+        """Σ_u c_u = ∫_0^∞ #{c > x} dx."""
+        return self.excess(0.0)
 
 
 def _fit(points: Sequence[tuple[int, float]], power: bool) -> tuple[float, float]:
@@ -143,22 +146,23 @@ def tail_model(h: Histogram) -> TailModel:
     (T ∝ e^{-x/λ}, three points or more) or power law (T ∝ x^{-α}, α >= 1.5); in either case it decays
     at least as fast as the first untrusted point allows (T there is below TRUST_Z standard deviations)."""
     tail = h.tail()
-    pts, last = [(GRID[0], max(tail[0], 1.0))], 0
+    # integer counts: #{c > x} at x = GRID[i] - 1 is #{c >= GRID[i]} = T_i
+    pts, last = [(GRID[0] - 1, max(tail[0], 1.0))], 0
     for i in range(1, len(tail)):
         if tail[i] <= TRUST_Z * h.tail_sd(i):
             break
         last = i
         if tail[i] < pts[-1][1]:
-            pts.append((GRID[i], tail[i]))
+            pts.append((GRID[i] - 1, tail[i]))
         else:  # a plateau: T is flat up to here (extend the last point)
-            pts[-1] = (GRID[i], pts[-1][1]) if len(pts) > 1 else pts[-1]
+            pts[-1] = (GRID[i] - 1, pts[-1][1]) if len(pts) > 1 else pts[-1]
     if len(pts) == 1 and last > 0:
-        pts.append((GRID[last], pts[0][1] * (1 - 1e-9)))
+        pts.append((GRID[last] - 1, pts[0][1] * (1 - 1e-9)))
     alpha, lam = 1.5, 0.0
     if len(pts) >= 2:
-        fit = pts[-4:]
-        exp_slope, exp_rss = _fit(fit, power=False)
-        pow_slope, pow_rss = _fit(fit, power=True)
+        fit = [p for p in pts[-4:] if p[0] > 0]
+        exp_slope, exp_rss = _fit(fit, power=False) if len(fit) >= 2 else (0.0, 0.0)
+        pow_slope, pow_rss = _fit(fit, power=True) if len(fit) >= 2 else (0.0, 0.0)
         if len(fit) >= 3 and exp_rss < pow_rss and exp_slope < 0:
             lam = -1.0 / exp_slope
         elif pow_slope < 0:
@@ -166,12 +170,17 @@ def tail_model(h: Histogram) -> TailModel:
     # the first untrusted point bounds the tail: T there is at most TRUST_Z sd (else it were trusted)
     if last + 1 < len(tail):
         e, t = pts[-1]
+        x = GRID[last + 1] - 1
         upper = max(tail[last + 1], 0.0) + TRUST_Z * h.tail_sd(last + 1)
-        if upper < t:
+        if upper < t and x > e:
             if lam > 0:
-                lam = min(lam, (GRID[last + 1] - e) / math.log(t / upper))
-            else:
-                alpha = max(alpha, math.log(t / upper) / math.log(GRID[last + 1] / e))
+                lam = min(lam, (x - e) / math.log(t / upper))
+            elif e > 0:
+                alpha = max(alpha, math.log(t / upper) / math.log(x / e))
+            if len(pts) < 3 or upper < 1.0:
+                # too few points to trust a law between e and x (a plateau, or a sharp edge): the
+                # tail falls linearly to the bound at x, then follows the law from there
+                pts.append((x, max(upper, 1e-9)))
     return TailModel(tuple(pts), max(1.5, alpha), lam)
 
 
