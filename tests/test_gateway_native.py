@@ -4,6 +4,7 @@ ClickHouse exceptions, LZ4 compression, ping, cancel, concurrent clients and the
 The column encoder is checked byte for byte against ClickHouse's own Native format."""
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -81,6 +82,10 @@ def test_dp_query_charges_and_answers(gw, compression):
     assert len(rows) == 1 and len(rows[0]) == 2
     assert spent(gw) == pytest.approx(s0 + 1.0)
     c.disconnect()
+    lines = [json.loads(line) for line in (gw.data_dir / "access.log").read_text().splitlines()]
+    native = [r for r in lines if r.get("interface") == "native" and r.get("kind") == "dp_functions"]
+    assert native and native[-1]["outcome"] == "accepted" and native[-1]["epsilon"] == pytest.approx(0.5)
+    assert native[-1]["user"] == "alice" and native[-1]["format"] == "Native"
 
 
 def test_refusals_are_clickhouse_exceptions(gw):
@@ -97,6 +102,18 @@ def test_refusals_are_clickhouse_exceptions(gw):
         assert "123.25" not in str(e.value) and "Stack trace:\n\n" in str(e.value)
     assert spent(gw) == pytest.approx(s0)  # refused: nothing charged
     assert c.execute("SELECT 1") == [(1,)]  # the connection survives a refusal
+    c.disconnect()
+
+
+def test_external_tables_are_refused(gw):
+    c = client(gw)
+    s0 = spent(gw)
+    with pytest.raises(ServerException) as e:
+        c.execute("SELECT COUNT(*) FROM demo.purchases SETTINGS dpch_epsilon = 1",
+                  external_tables=[{"name": "t", "structure": [("x", "Int32")], "data": [{"x": 1}]}])
+    assert e.value.code == 48
+    assert spent(gw) == pytest.approx(s0)  # refused before anything ran
+    assert c.execute("SELECT 1") == [(1,)]  # the driver reconnects: the gateway closed the connection
     c.disconnect()
 
 
@@ -203,6 +220,15 @@ def test_columns_low_cardinality_is_sent_plain(db):
                                     "RowBinaryWithNamesAndTypes").body
     plain = db.backend.query_formatted("SELECT toString(number) AS s FROM numbers(2)", "Native").body
     assert list(columns.parse(rb).data_blocks()) == [(2, plain)]
+
+
+def test_columns_split_into_blocks(db):
+    rb = db.backend.query_formatted("SELECT toUInt32(number) AS x FROM numbers(70000)",
+                                    "RowBinaryWithNamesAndTypes").body
+    blocks = list(columns.parse(rb).data_blocks())
+    assert [n for n, _ in blocks] == [columns.BLOCK_ROWS, 70000 - columns.BLOCK_ROWS]
+    head = p.varint(1) + p.varint(columns.BLOCK_ROWS) + p.string("x") + p.string("UInt32")
+    assert blocks[0][1] == head + b"".join(struct.pack("<I", i) for i in range(columns.BLOCK_ROWS))
 
 
 def test_columns_refuse_unknown_types():
