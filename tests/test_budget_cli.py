@@ -6,6 +6,7 @@ import pytest
 from dpch.cli import main
 from dpch.cost import MechanismCost, PrivacyCost
 from dpch.ledger import Ledger
+from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 
 def run(argv) -> int:
@@ -16,8 +17,8 @@ def run(argv) -> int:
 
 
 @pytest.fixture
-def ledger_path(tmp_path):
-    return str(tmp_path / "ledger.sqlite")
+def ledger_path(ledger_target):
+    return str(ledger_target)
 
 
 def test_set_show_history_events(ledger_path, capsys):
@@ -112,3 +113,21 @@ def test_default_ledger_path_from_environment(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert run(["budget", "show"]) == 0
     assert "a" in capsys.readouterr().out
+
+
+def test_backup_and_verify(ledger_path, tmp_path, capsys):
+    """`budget backup` writes a consistent SQLite ledger from either store; `budget verify` checks
+    both (rows, event chain, totals, histories, incremental states)."""
+    assert run(["budget", "set", "--analyst", "a", "--dataset", "d", "--epsilon", "1", "--ledger", ledger_path]) == 0
+    with Ledger(ledger_path, create=False) as led:
+        for i in range(3):
+            led.charge("a", "d", PrivacyCost((MechanismCost("laplace", 1.0, 10.0, 0.1, 0.0, None, "L"),)), f"q{i}")
+    copy = str(tmp_path / "copy.sqlite")
+    assert run(["budget", "backup", "--ledger", ledger_path, "--to", copy]) == 0
+    assert "3 charges" in capsys.readouterr().out
+    for target in (ledger_path, copy):
+        assert run(["budget", "verify", "--ledger", target]) == 0
+        assert "ledger ok: 1 budgets, 3 charges" in capsys.readouterr().out
+    with Ledger(copy, create=False) as led:
+        assert led.remaining("a", "d").spent.epsilon == pytest.approx(0.3)
+    assert run(["budget", "backup", "--ledger", ledger_path, "--to", copy]) == 2  # never overwrites

@@ -58,8 +58,8 @@ def register(subparsers) -> None:
     def common(sp):
         where = sp.add_mutually_exclusive_group()
         where.add_argument("--data-dir", default=None, metavar="DIR", help="data directory holding ledger.sqlite")
-        where.add_argument("--ledger", default=None, metavar="PATH",
-                           help=f"ledger file (default: $DPCH_LEDGER or $DPCH_DATA_DIR/ledger.sqlite; now {default_ledger_path()})")
+        where.add_argument("--ledger", default=None, metavar="PATH|URL",
+                           help=f"ledger file or postgresql:// URL (default: $DPCH_LEDGER or $DPCH_DATA_DIR/ledger.sqlite; now {default_ledger_path()})")
 
     s = sub.add_parser("set", help="set or change a budget")
     s.add_argument("--analyst", required=True)
@@ -254,5 +254,6 @@ def _cmd_verify(args) -> int:
     with _open(args) as ledger:  # opening runs the full check; an inconsistency raises LedgerError (exit 2)
         n = len(ledger.history())
         budgets = len(ledger.budgets())
-    print(f"ledger ok: {budgets} budgets, {n} charges; checksums, event chain, running totals and histories verified")
+    print(f"ledger ok: {budgets} budgets, {n} charges; checksums, event chain, running totals, histories and the "
+          f"incremental accountant states (against a full recomputation) verified")
     return 0
