@@ -46,6 +46,8 @@ DEFAULT_AUTO_SHARE = 0.1
 DEFAULT_BIAS_SHARE = 0.05
 #: a bias share above this raises a warning (Python warning, CLI line, gateway header)
 WARN_SHARE = 0.05
+#: a unit share warns only when it exceeds WARN_SHARE by this many noise sd
+WARN_Z = 4.0
 #: the counts of the bias step, in release order
 BIAS_COUNTS = ("units", "cut", "clipped")
 #: a noisy tail count is trusted where it exceeds this many of its standard deviations
@@ -255,8 +257,13 @@ class BiasEstimate:
     choices: tuple[BoundChoice, ...] = field(default_factory=tuple)
 
     def _above(self, share: float | None) -> bool:
-        """A unit share above WARN_SHARE by more than two noise sd (a warning is not raised on noise)."""
-        return share is not None and share - 2.0 * (self.shares_sd or 0.0) > WARN_SHARE
+        """A unit share above WARN_SHARE by more than WARN_Z noise sd: a ratio of two noisy counts,
+        sd ≈ count sd·√(1 + share²)/units (delta method); at WARN_Z = 4 a share that is really 0
+        warns with probability below 0.2 % (Laplace tail ½·e^{-4√2})."""
+        if share is None:
+            return False
+        sd = (self.shares_sd or 0.0) * math.sqrt(1.0 + share * share)
+        return share - WARN_Z * sd > WARN_SHARE
 
     @property
     def warnings(self) -> list[str]:
