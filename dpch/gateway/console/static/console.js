@@ -70,7 +70,7 @@ function renderCatalog(tables) {
       const keys = c.public_keys_count ? el('div', { className: 'keys' },
         `public keys: ${c.public_keys.map(String).join(', ')}` +
         (c.public_keys_count > c.public_keys.length ? ` … (${c.public_keys_count})` : '')) : '';
-      return el('tr', {}, el('td', {}, c.name + (c.privacy_unit ? ' 🔑' : ''), keys), el('td', {}, c.type),
+      return el('tr', {}, el('td', {}, c.name, c.privacy_unit ? el('span', { className: 'badge' }, 'privacy unit') : '', keys), el('td', {}, c.type),
         el('td', { className: 'num' }, c.bounds ? `[${fmt(c.bounds[0])}, ${fmt(c.bounds[1])}]` : ''));
     });
     const table = el('table', {}, el('tr', {}, el('th', {}, 'column'), el('th', {}, 'type'), el('th', {}, 'bounds')), ...rows);
