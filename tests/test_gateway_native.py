@@ -64,6 +64,11 @@ def test_handshake_and_metadata(gw):
     assert rows == [("demo", "purchases")] and [t[0] for t in types] == ["database", "name"]
     assert ("amount",) in c.execute("SELECT name FROM system.columns WHERE table = 'purchases'")
     assert c.connection.ping()
+    c.execute("USE demo")  # the connection's database, as ClickHouse keeps it
+    assert c.execute("SHOW TABLES") == [("purchases",)]
+    with pytest.raises(ServerException) as e:
+        c.execute("USE nosuch")
+    assert e.value.code == 81
     c.disconnect()
 
 

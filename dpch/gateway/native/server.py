@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import time
 import uuid
 from collections import Counter
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from .. import limits
 from ..auth import auth_failed
-from ..errors import TOO_MANY_SIMULTANEOUS_QUERIES, UNKNOWN_EXCEPTION, GatewayError, from_dpch
+from ..errors import TOO_MANY_SIMULTANEOUS_QUERIES, UNKNOWN_DATABASE, UNKNOWN_EXCEPTION, GatewayError, from_dpch
 from ..metadata import SERVER_VERSION
 from ..router import DP_SETTING_NAMES
 from . import columns, protocol as p
@@ -39,6 +40,7 @@ from .compression import compress_frame, read_frame
 log = logging.getLogger("dpch.gateway.native")
 RENDER_FORMAT = "RowBinaryWithNamesAndTypes"
 _VERSION = tuple(int(x) for x in SERVER_VERSION.split(".")[:3])
+_USE = re.compile(r"(?is)\s*use\s+(`[^`]{1,128}`|\"[^\"]{1,128}\"|[A-Za-z_][A-Za-z0-9_]{0,127})\s*;?\s*")
 
 
 @dataclass(frozen=True)
@@ -131,15 +133,16 @@ class Connection:
 
     # -- the connection ------------------------------------------------------------------------------
     async def run(self) -> None:
-        first = await asyncio.wait_for(self.reader.readexactly(1), self.cfg.hello_timeout)
-        if first[0] >= 0x41:  # an ASCII letter: an HTTP request on the TCP port
-            self.writer.write(b"HTTP/1.0 400 Bad Request\r\n\r\nPort %d is for the ClickHouse native protocol "
-                              b"(clickhouse-client, clickhouse-driver).\r\nUse the HTTP port for HTTP.\r\n"
-                              % self.cfg.port)
-            return
-        if first[0] != p.C_HELLO:
-            raise p.ProtocolError(p.UNEXPECTED_PACKET_FROM_CLIENT, "expected Hello as the first packet")
-        await asyncio.wait_for(self.handshake(), self.cfg.hello_timeout)
+        async with asyncio.timeout(self.cfg.hello_timeout):  # one deadline for the whole Hello
+            first = await self.reader.readexactly(1)
+            if first[0] >= 0x41:  # an ASCII letter: an HTTP request on the TCP port
+                self.writer.write(b"HTTP/1.0 400 Bad Request\r\n\r\nPort %d is for the ClickHouse native protocol "
+                                  b"(clickhouse-client, clickhouse-driver).\r\nUse the HTTP port for HTTP.\r\n"
+                                  % self.cfg.port)
+                return
+            if first[0] != p.C_HELLO:
+                raise p.ProtocolError(p.UNEXPECTED_PACKET_FROM_CLIENT, "expected Hello as the first packet")
+            await self.handshake()
         while True:
             try:
                 kind = await asyncio.wait_for(self.src.varint(), self.cfg.idle_timeout)
@@ -199,6 +202,12 @@ class Connection:
                 raise GatewayError(p.NOT_IMPLEMENTED, "only complete query processing is served (stage Complete)")
             limits.check_query_text(q.text)
             sql_hash = hashlib.sha256(q.text.encode("utf-8")).hexdigest()[:16]
+            use = _USE.fullmatch(q.text)
+            if use:  # the session's database, as ClickHouse keeps it per TCP connection
+                await self.use(use.group(1).strip("`\""))
+                self.log(t0, query_id, "metadata", "accepted", sql_hash)
+                await self.send(p.varint(p.S_END_OF_STREAM))
+                return True
             dp_settings = {k.lower(): v for k, v in q.settings.items() if k.lower() in DP_SETTING_NAMES}
             run = asyncio.ensure_future(self.gw.on_engine(self.gw.run, self.user, strip_format(q.text), dp_settings,
                                                           {}, self.database, RENDER_FORMAT, user=self.user))
@@ -229,6 +238,12 @@ class Connection:
             if stop == -1:
                 return False
         raise p.ProtocolError(p.UNEXPECTED_PACKET_FROM_CLIENT, "only Cancel may be sent while a query runs")
+
+    async def use(self, name: str) -> None:
+        entries = await self.gw.on_engine(self.gw.catalog_entries, user=self.user)
+        if name not in {"default"} | {e.table.split(".", 1)[0] for e in entries}:
+            raise GatewayError(UNKNOWN_DATABASE, f"Database {name[:64]} does not exist or has no catalogued table")
+        self.database = name
 
     async def watch(self, run: asyncio.Future):
         """While the query runs, read what the client sends: None when the query ended first, else the
