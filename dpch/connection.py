@@ -176,6 +176,17 @@ class Connection:
         return block_dp(self, dataset, column, epsilon=epsilon, statistic=statistic, mechanism=mechanism,
                         blocks=blocks, ci_level=ci_level)
 
+    def tune(self, table: str, workload, *, epsilon: float, query_epsilon: float, query_delta: float = 0.0,
+             write: bool = False):
+        """Choose contribution bounds for a workload (dpch.tune): spends ``epsilon`` (one charge) on
+        noisy histograms of rows and groups per unit; returns a TuneReport (table of candidate k, M
+        with estimated noise and bias in rows, the best, a plot); ``write`` puts the best into the
+        catalog. Guarantee: ``epsilon``-DP; the rest is post-processing."""
+        from .tune import tune
+
+        return tune(self, table, workload, epsilon=epsilon, query_epsilon=query_epsilon, query_delta=query_delta,
+                    write=write)
+
     def explain(self, sql: str, *, epsilon: float, delta: float = 0.0, **options):
         """Show the rewritten SQL, per-aggregate sensitivity, mechanism and budget split. Executes
         nothing and charges nothing."""

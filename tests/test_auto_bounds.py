@@ -150,3 +150,17 @@ def test_refusals_charge_nothing(adb):
     with pytest.raises(InvalidParameter, match="db.query"):
         adb.refine(f"SELECT COUNT(*) FROM {T}", epsilon_per_step=0.1, target_relative=0.01, max_rows_per_unit="auto")
     assert len(adb.ledger.history(adb.analyst, T)) == n0
+
+
+def test_tune_reports_candidates_charges_once_and_writes_the_best(adb, tmp_path):
+    n0 = len(adb.ledger.history(adb.analyst, T))
+    rep = adb.tune(T, [f"SELECT COUNT(*) AS n FROM {T}", f"SELECT month, COUNT(*) AS n FROM {T} GROUP BY month"],
+                   epsilon=0.2, query_epsilon=0.5, write=True)
+    hist = adb.ledger.history(adb.analyst, T)
+    assert len(hist) == n0 + 1 and hist[-1].epsilon == pytest.approx(0.2)
+    assert {"max_groups_contributed", "max_rows_per_unit", "noise_rows", "bias_rows", "total_rows"} <= set(rep.table)
+    best = rep.table.loc[rep.table["total_rows"].idxmin()]
+    assert rep.best["max_rows_per_unit"] == best["max_rows_per_unit"] > 10  # M = 10 cuts a fifth of the rows
+    assert adb.catalog.get(T).max_rows_per_unit == rep.best["max_rows_per_unit"]
+    rep.plot(str(tmp_path / "tune.png"))
+    assert (tmp_path / "tune.png").stat().st_size > 1000
