@@ -503,3 +503,19 @@ def broken_refine_half_scale():
             return True
 
     return _patched(es, "LaplaceMechanism", HalfScale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Auto bounds (issue 29; tests/test_audit_auto_bounds.py)
+# ---------------------------------------------------------------------------------------------
+def broken_auto_bound_from_true_max(eps: float, unit: str = "user"):
+    """BROKEN: chooses the bound M "from the data" without noise: the smallest √2-grid edge at or
+    above the true largest number of rows of one unit (dpch.plan.profile.GRID). Removing the
+    heaviest unit moves M deterministically: not ε-DP for any ε."""
+    from dpch.plan.profile import GRID
+
+    def mechanism(df, n):
+        top = int(df.groupby(unit).size().max()) if len(df) else 1
+        return np.full(n, float(min(e for e in GRID if e >= top) if top <= GRID[-1] else GRID[-1]))
+    mechanism.__name__ = f"broken_auto_bound_from_true_max(eps={eps})"
+    return mechanism
