@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install system-deps demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench clean
+.PHONY: install system-deps demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench bench-auto-bounds clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -139,3 +139,11 @@ bench-clickbench: install
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)
+
+# Bounds from the data (issue 29): 14 queries (newcomer-style, TPC-H SF 0.1 joins, ClickBench-style 1 M rows),
+# relative error of the catalog's bounds, "auto" and the best fixed bounds on the √2 grid (oracle), ε = 0.25 and 1,
+# median of 20 runs (store cached in bench/.data/auto-bounds; see bench/RESULTS.md).
+bench-auto-bounds: install
+	mkdir -p bench/out
+	$(VPY) bench/bench_auto_bounds.py --sf 0.1 --hits-rows 1000000 --runs 20 \
+		--out bench/out/auto_bounds.json --markdown bench/out/auto_bounds.md
