@@ -227,6 +227,8 @@ class Connection:
                 rows = await self.send_result(ans.body, q.compression)
                 self.log(t0, query_id, kind, "accepted", sql_hash, ans=ans, rows=rows)
                 return True
+        except (ConnectionError, asyncio.TimeoutError):  # sending failed: the client is gone or stuck
+            raise
         except Exception as exc:  # noqa: BLE001
             err = from_dpch(exc)
             if err.code == UNKNOWN_EXCEPTION[0]:
