@@ -62,10 +62,7 @@ class Accountant:
 
     def fold(self, budget: Budget, costs: Sequence[PrivacyCost]) -> ComposedState:
         """The composed state of a whole sequence (exact sums). Raises CostNotSupported."""
-        state = ComposedState()
-        for c in costs:
-            state = state.extend(self.sum_terms(budget, c))
-        return state
+        return ComposedState.compose(self.sum_terms(budget, c) for c in costs)
 
     def spent_from(self, budget: Budget, state: ComposedState) -> Spent:
         """What a composed state spends, in this accountant's currency."""

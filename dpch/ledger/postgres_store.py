@@ -7,6 +7,13 @@ The same records, checksums, event chain and incremental state as the SQLite sto
   serialization failure (SQLSTATE 40001) or a deadlock (40P01). That transaction wrote nothing; it
   is retried from the start with jittered exponential back-off, a bounded number of times and
   within `timeout`. Exhausted retries raise LedgerError: the query was not charged and must not run.
+- **Writers take turns first.** Every write transaction updates the event chain's head, so any two
+  conflict whatever budgets they charge; left to SERIALIZABLE alone, 48 clients mostly abort each
+  other (bench/RESULTS.md). A writer therefore takes a session-level advisory lock before BEGIN
+  (so its snapshot is taken once the previous writer committed) and releases it after COMMIT or
+  ROLLBACK; PostgreSQL releases it too when a gateway dies. The lock only avoids wasted work:
+  correctness rests on SERIALIZABLE and the retries (`serialize_writers=False` runs without it,
+  and the tests do). Waiting longer than `timeout` for it raises LedgerError (lock_timeout).
 - **Durable or refused.** The session runs with `synchronous_commit = on`, and a server with
   `fsync = off` is refused: a charge is on stable storage before the query runs. Any other database
   error, including a lost connection during COMMIT (outcome unknown), raises LedgerError.
@@ -38,6 +45,7 @@ T = TypeVar("T")
 RETRYABLE = ("40001", "40P01")  # serialization_failure, deadlock_detected: the transaction was rolled back
 MAX_ATTEMPTS = 200
 _SCHEMA_LOCK = 0x44504348  # advisory lock key while creating the schema ("DPCH")
+_WRITER_LOCK = 0x44504349  # advisory lock key that writers take in turn (module docstring)
 
 _REAL = "DOUBLE PRECISION"
 SCHEMA = [
@@ -111,13 +119,15 @@ class PostgresTxn(SQLiteTxn):
 class PostgresLedgerStore:
     """A handle on a PostgreSQL ledger (module docstring). ``url``: a libpq URL or conninfo."""
 
-    def __init__(self, url: str, *, create: bool = True, timeout: float = 60.0, max_attempts: int = MAX_ATTEMPTS):
+    def __init__(self, url: str, *, create: bool = True, timeout: float = 60.0, max_attempts: int = MAX_ATTEMPTS,
+                 serialize_writers: bool = True):
         import psycopg
 
         self._psycopg = psycopg
         self.path = redact(url)  # named `path` like the SQLite store's: messages say which ledger
         self.timeout = timeout
         self.max_attempts = max_attempts
+        self.serialize_writers = serialize_writers
         self.pid = os.getpid()
         self.lock = threading.RLock()
         self.row_cache: dict = {}
@@ -141,6 +151,7 @@ class PostgresLedgerStore:
     # -- opening ------------------------------------------------------------------------------
     def _check_durability(self) -> None:
         self.conn.execute("SET synchronous_commit TO on")
+        self.conn.execute(f"SET lock_timeout TO {max(1, int(self.timeout * 1000))}")
         fsync = self.conn.execute("SHOW fsync").fetchone()[0]
         if str(fsync).lower() != "on":
             raise LedgerError(f"ledger {self.path}: the server runs with fsync = {fsync}; a charge would not be durable "
@@ -194,7 +205,22 @@ class PostgresLedgerStore:
         or deadlock (module docstring). ``durable=False``: this commit does not wait for the WAL
         flush (`synchronous_commit = off` for this transaction only): atomic still, for records whose
         loss is conservative (a query's outcome mark)."""
-        return self._run(fn, "BEGIN ISOLATION LEVEL SERIALIZABLE", durable)
+        if not self.serialize_writers:
+            return self._run(fn, "BEGIN ISOLATION LEVEL SERIALIZABLE", durable)
+        with self.lock:
+            conn = self._usable()
+            try:
+                conn.execute("SELECT pg_advisory_lock(%s)", (_WRITER_LOCK,))
+            except self._psycopg.Error as exc:
+                raise LedgerError(f"ledger {self.path} is busy ({exc.__class__.__name__}, SQLSTATE {exc.sqlstate}); the "
+                                  f"query was not charged and must not run") from None
+            try:
+                return self._run(fn, "BEGIN ISOLATION LEVEL SERIALIZABLE", durable)
+            finally:
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (_WRITER_LOCK,))
+                except self._psycopg.Error:
+                    self.close()  # the session (and its lock) ends: never leave the lock held
 
     def read(self, fn: Callable[[PostgresTxn], T]) -> T:
         """fn on one consistent snapshot (REPEATABLE READ, READ ONLY: never aborted for serialization)."""

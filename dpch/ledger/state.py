@@ -86,9 +86,7 @@ def rebuild(path: Path | None, row: BudgetRow, rows: Sequence[ChargeRecord]) -> 
     except CostNotSupported as exc:
         raise LedgerError(f"ledger {path} is inconsistent: a recorded charge is not covered by the "
                           f"{row.accountant} accountant ({exc.args[0]})") from None
-    totals = ComposedState()
-    for r in rows:
-        totals = totals.extend(record_terms(r))
+    totals = ComposedState.compose(record_terms(r) for r in rows)
     return BudgetState(budget_key(row), rows[-1].id if rows else 0, composed, totals)
 
 
