@@ -25,7 +25,6 @@ one unit and every row reached from it through the references).
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
