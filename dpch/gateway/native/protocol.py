@@ -63,6 +63,7 @@ class ProtocolError(GatewayError):
 # -- writing ---------------------------------------------------------------------------------------
 
 def varint(n: int) -> bytes:
+    """Unsigned LEB128, ClickHouse's VarUInt."""
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -75,11 +76,13 @@ def varint(n: int) -> bytes:
 
 
 def string(s: str | bytes) -> bytes:
+    """A String: VarUInt byte length, then the UTF-8 bytes."""
     b = s.encode("utf-8") if isinstance(s, str) else s
     return varint(len(b)) + b
 
 
 def u8(n: int) -> bytes:
+    """One UInt8."""
     return struct.pack("<B", n)
 
 
