@@ -321,8 +321,7 @@ def evaluate(node: exp.Expression, frame: Frame):
         except KeyError:
             pass
     if name in FUNCTIONS:
-        args = [evaluate(a, frame) for a in (node.expressions if isinstance(node, exp.Anonymous)
-                                             else [v for k, v in node.args.items() if isinstance(v, exp.Expression)])]
+        args = [evaluate(a, frame) for a in _call_args(node)]
         return FUNCTIONS[name](*args)
     if frame.scalar is not None:  # metadata: version(), currentDatabase() … parsed as their own classes
         try:
@@ -330,6 +329,18 @@ def evaluate(node: exp.Expression, frame: Frame):
         except KeyError:
             pass
     deny(f"the expression {node.sql('clickhouse')[:60]!r}", frame.what)
+
+
+def _call_args(node: exp.Expression) -> list[exp.Expression]:
+    """The arguments of a function node in order (sqlglot keeps them in ``this``, ``expression``,
+    ``expressions`` or named slots such as Round's ``decimals``)."""
+    out: list[exp.Expression] = []
+    for v in node.args.values():
+        if isinstance(v, exp.Expression):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(a for a in v if isinstance(a, exp.Expression))
+    return out
 
 
 def _case(branches, default, frame: Frame):
@@ -368,9 +379,11 @@ def _label(node: exp.Expression) -> str:
 
 
 def _broadcast(v, frame: Frame) -> pd.Series:
-    if isinstance(v, pd.Series):
-        return v
-    return pd.Series([v] * len(frame.df), index=frame.df.index, dtype=object)
+    """A Series over the frame; computed (object) columns get the dtype their values have, so the
+    renderer gives them a numeric or Bool type rather than String."""
+    if not isinstance(v, pd.Series):
+        v = pd.Series([v] * len(frame.df), index=frame.df.index, dtype=object)
+    return v.infer_objects() if v.dtype == object else v
 
 
 def _int_literal(node, what: str, frame: Frame) -> int:
