@@ -54,7 +54,10 @@ class EmbeddedBackend:
     def __init__(self, data_dir: Path):
         from chdb import session as chdb_session
 
+        from .datadir import check_store_free
+
         self.data_dir = data_dir
+        check_store_free(data_dir)  # before chDB, which prints a raw "Cannot lock file" line to stderr
         data_dir.mkdir(parents=True, exist_ok=True)
         udf_dir = prepare_embedded_udf_dir(data_dir)
         self._lock = threading.RLock()

@@ -28,8 +28,8 @@ from sqlglot import exp
 from .catalog import TableEntry, base_type, date_kind
 from .errors import QueryRejected
 from .function_rules import EXTRACT_UNITS as _EXTRACT_UNITS
-from .function_rules import NON_DP_AGGREGATES, func_name
-from .parse import ParsedQuery
+from .function_rules import _NODE_NAMES, FUNCTION_RULES, NON_DP_AGGREGATES, func_name
+from .parse import ParsedQuery, as_typed
 from .sql_ast import sql_of  # noqa: F401 - re-exported: moved to the shared SQL helpers
 
 INTERNAL_PREFIX = "__dp_"
@@ -54,7 +54,8 @@ RegexpExtract RegexpReplace Split ArrayContains ArrayContainsAll ArrayOverlaps A
 Unhex Hex MD5 SHA SHA2 IsNan IsInf Ordered Kwarg Distinct Star Slice
 Upper Lower
 """
-_ALLOWED_NODES = tuple(c for c in (getattr(exp, n, None) for n in _ALLOWED_NODE_NAMES.split()) if c is not None)
+_ALLOWED_NODES = tuple(c for c in (getattr(exp, n, None) for n in _ALLOWED_NODE_NAMES.split()) if c is not None) \
+    + tuple(c for c, n in _NODE_NAMES.items() if FUNCTION_RULES[n].kind != "reject")  # the one rule set's classes
 
 _ALLOWED_ANONYMOUS = set("""
 abs sign round roundbankers roundtoexp2 floor ceil ceiling trunc truncate sqrt cbrt pow power exp exp2 exp10
@@ -75,7 +76,8 @@ todateorzero todateornull todatetimeornull tobool accuratecastornull
 toyear tomonth todayofmonth todayofweek todayofyear toquarter tohour tominute tosecond toisoweek toweek
 toisoyear toyyyymm toyyyymmdd toyyyymmddhhmmss tostartofday tostartofweek tostartofmonth
 tostartofquarter tostartofyear tostartofhour tostartofminute tostartoffiveminutes tostartoffifteenminutes
-tostartofinterval tomonday tolastdayofmonth datediff date_diff dateadd date_add datesub date_sub
+tostartofinterval tomonday tolastdayofmonth tostartoftenminutes toyearweek tolastdayofweek tostartofisoyear
+datediff date_diff dateadd date_add datesub date_sub
 adddays addweeks addmonths addyears addhours addminutes addseconds addquarters subtractdays
 subtractweeks subtractmonths subtractyears subtracthours subtractminutes subtractseconds today yesterday
 now formatdatetime tounixtimestamp fromunixtimestamp date_trunc datetrunc timeslot torelativedaynum
@@ -92,6 +94,21 @@ _VAR_NAMES = {
     "stddevsamp": "stddev_samp", "stddev_samp": "stddev_samp", "stddev": "stddev_samp",
     "stddevpop": "stddev_pop", "stddev_pop": "stddev_pop", "std": "stddev_pop",
 }
+
+
+# ClickHouse's distinct counts (exact or sketched): answered as the DP distinct count (issue 31)
+_DISTINCT_COUNTS = frozenset("uniq uniqexact uniqcombined uniqcombined64 uniqhll12 uniqtheta countdistinct "
+                             "approx_count_distinct".split())
+# what to write instead of a ClickHouse aggregate that has no DP form here (by name prefix)
+_DP_WAYS = (("quantile", "quantile(q)(x) or quantiles(q1, ...)(x)"), ("median", "median(x)"),
+            ("arg", "MIN/MAX of the column, or GROUP BY it"), ("any", "GROUP BY the column"),
+            ("grouparray", "GROUP BY the column"), ("groupuniqarray", "GROUP BY the column"),
+            ("topk", "GROUP BY the column with COUNT(*) and ORDER BY ... LIMIT k"))
+
+
+def _dp_way(low: str) -> str:
+    way = next((w for prefix, w in _DP_WAYS if low.startswith(prefix)), None)
+    return f"; the DP way to ask: {way}" if way else ""
 
 
 def _reject(msg: str) -> QueryRejected:
@@ -121,10 +138,16 @@ class KeySpec:
     columns: tuple[str, ...]
     name: str  # output name when selected as-is (alias or SQL text)
     sql: str  # ClickHouse SQL of expr
+    query_sql: str | None = field(default=None, repr=False, compare=False)  # the analyst's text, for messages
 
     @property
     def placeholder(self) -> str:
         return f"{KEY_PREFIX}{self.index}"
+
+    @property
+    def text(self) -> str:
+        """The key as the analyst typed it, for messages (computed only when one is raised)."""
+        return as_typed(self.expr, self.query_sql)
 
 
 @dataclass(frozen=True)
@@ -299,23 +322,39 @@ class _Binder:
         unit = self.entry.privacy_unit
         return ({unit} if unit else set()) | set(getattr(self.entry, "unit_aliases", ()))
 
+    def _typed(self, node: exp.Expression) -> str:
+        """``node`` as the analyst typed it (for messages; dpch.parse.as_typed)."""
+        return as_typed(node, self.parsed.sql)
+
+    def _distinct_count(self, node: exp.Expression, args: list[exp.Expression],
+                        cond: exp.Expression | None = None) -> int:
+        """COUNT(DISTINCT x) and ClickHouse's uniq, uniqExact, uniqCombined(64), uniqHLL12, uniqTheta,
+        countDistinct (issue 31): all the DP distinct count of x (several arguments: of the tuple),
+        an exact count plus noise. With a condition (uniqIf(x, c)): the distinct non-NULL values of
+        if(c, x, NULL), which the distinct count skips as COUNT(DISTINCT) does."""
+        if not args:
+            raise _reject(f"{self._typed(node)}: a distinct count takes one expression, e.g. COUNT(DISTINCT x)")
+        arg = args[0] if len(args) == 1 else exp.Tuple(expressions=list(args))
+        if cond is None and self.entry.privacy_unit is not None and isinstance(arg, exp.Column) \
+                and arg.name in self._unit_columns():
+            return self._add_agg("count_distinct_unit", None, None, node)
+        if cond is not None:  # only fewer values: the per-unit bound of the distinct count still holds
+            arg = exp.If(this=cond, true=arg, false=exp.Null())
+        # other expressions: each unit's rows are capped, so it adds at most that many values
+        return self._add_agg("count_distinct", arg, None, node)
+
     def _aggregate(self, node: exp.Expression) -> int:
         """Normalise one aggregate call (already unqualified) and register it."""
-        unit = self.entry.privacy_unit
-        text = sql_of(node)
         if isinstance(node, exp.Count):
             arg = node.this
             if isinstance(arg, exp.Distinct):
                 exprs = arg.expressions
                 if len(exprs) != 1:
-                    raise _reject(f"{text}: COUNT(DISTINCT ...) takes one expression (for several "
+                    raise _reject(f"{self._typed(node)}: COUNT(DISTINCT ...) takes one expression (for several "
                                   "columns write COUNT(DISTINCT (a, b)))")
-                if unit is not None and isinstance(exprs[0], exp.Column) and exprs[0].name in self._unit_columns():
-                    return self._add_agg("count_distinct_unit", None, None, node)
-                # other expressions: each unit's rows are capped, so it adds at most that many values
-                return self._add_agg("count_distinct", exprs[0], None, node)
+                return self._distinct_count(node, exprs)
             if node.expressions:
-                raise _reject(f"{text}: COUNT takes at most one argument")
+                raise _reject(f"{self._typed(node)}: COUNT takes at most one argument")
             if arg is None or isinstance(arg, exp.Star):
                 return self._add_agg("count", None, None, node)
             if isinstance(arg, exp.Literal) or isinstance(arg, exp.Boolean):
@@ -325,30 +364,36 @@ class _Binder:
             return self._add_agg("count", None, node.this, node)
         if isinstance(node, exp.Sum):
             if isinstance(node.this, exp.Distinct):
-                raise _reject(f"{text}: SUM(DISTINCT ...) is not supported (its sensitivity is unbounded); "
-                              "use SUM")
+                raise _reject(f"{self._typed(node)}: SUM(DISTINCT ...) is not supported (its sensitivity is "
+                              "unbounded); use SUM")
             return self._add_agg("sum", node.this, None, node)
         if isinstance(node, exp.Avg):
             if isinstance(node.this, exp.Distinct):
-                raise _reject(f"{text}: AVG(DISTINCT ...) is not supported; use AVG")
+                raise _reject(f"{self._typed(node)}: AVG(DISTINCT ...) is not supported; use AVG")
             return self._add_agg("avg", node.this, None, node)
         for cls, func in ((exp.Variance, "var_samp"), (getattr(exp, "VariancePop", None), "var_pop"),
                           (exp.Stddev, "stddev_samp"), (getattr(exp, "StddevPop", None), "stddev_pop"),
                           (getattr(exp, "StddevSamp", None), "stddev_samp")):
             if cls is not None and isinstance(node, cls):
                 if isinstance(node.this, exp.Distinct):
-                    raise _reject(f"{text}: DISTINCT inside a variance is not supported")
+                    raise _reject(f"{self._typed(node)}: DISTINCT inside a variance is not supported")
                 return self._add_agg(func, node.this, None, node)
-        quantile = self._quantile(node, text)
+        quantile = self._quantile(node)
         if quantile is not None:
-            func, arg, levels = quantile
-            return self._add_agg(func, arg, None, node, levels)
+            func, arg, levels, cond = quantile
+            return self._add_agg(func, arg, cond, node, levels)
         name = func_name(node)
         low = name.lower()
+        if isinstance(node, exp.ApproxDistinct):  # uniq(a, b) is parsed as uniq(a) with "accuracy" b
+            return self._distinct_count(node, [a for a in (node.this, node.args.get("accuracy")) if a is not None])
+        if low in _DISTINCT_COUNTS and isinstance(node, (exp.AnonymousAggFunc, exp.Anonymous)):
+            return self._distinct_count(node, node.expressions)
+        if low in _DISTINCT_COUNTS and isinstance(node, exp.ParameterizedAgg):  # uniqCombined(17)(x)
+            return self._distinct_count(node, node.args.get("params") or [])
         if isinstance(node, (exp.AnonymousAggFunc, exp.Anonymous)) and low in _VAR_NAMES:
             args = node.expressions
             if len(args) != 1:
-                raise _reject(f"{text}: {name} takes one argument")
+                raise _reject(f"{self._typed(node)}: {name} takes one argument")
             return self._add_agg(_VAR_NAMES[low], args[0], None, node)
         if isinstance(node, exp.CombinedAggFunc):
             args = node.expressions
@@ -358,48 +403,60 @@ class _Binder:
                 return self._add_agg("avg", args[0], args[1], node)
             if low == "countif" and len(args) == 1:
                 return self._add_agg("count", None, args[0], node)
-            raise _reject(f"{text}: the aggregate combinator form {name} is not supported (supported: countIf, "
-                          "sumIf, avgIf)")
+            if low == "countdistinct":
+                return self._distinct_count(node, args)
+            if low[:-2] in _DISTINCT_COUNTS and low.endswith("if") and len(args) >= 2:
+                return self._distinct_count(node, args[:-1], args[-1])
+            raise _reject(f"{self._typed(node)}: the aggregate combinator form {name} is not supported (supported: "
+                          "countIf, sumIf, avgIf, minIf, maxIf, uniqIf; otherwise put the condition in WHERE)")
         if _is_dpch_name(name):
             raise _reject(f"the query calls {name}(...): DPCH adds the noise itself; write the plain aggregate "
                           "(COUNT, SUM, AVG, ...) instead of dp_*/dpch_* functions")
-        raise _reject(f"non-DP aggregate {name}(...) ({text}): supported aggregates are COUNT(*), COUNT(col), "
-                      "COUNT(DISTINCT <privacy unit>), SUM, AVG, VAR/STDDEV, median, quantile(q), quantiles(q, ...), "
-                      "MIN, MAX (and countIf, sumIf, avgIf)")
+        typed = self._typed(node)
+        name = typed.split("(", 1)[0].strip() or name  # as written (argMax, not sqlglot's arg_max)
+        raise _reject(f"non-DP aggregate {name} ({typed}){_dp_way(name.lower())}. Supported: COUNT(*), "
+                      "COUNT(col), COUNT(DISTINCT x) (or uniq(x)), SUM, AVG, VAR/STDDEV, median, quantile(q), "
+                      "quantiles(q, ...), MIN, MAX, and countIf, sumIf, avgIf, minIf, maxIf, uniqIf")
 
-    def _quantile(self, node: exp.Expression, text: str) -> tuple[str, exp.Expression, tuple[float, ...]] | None:
-        """median(x), quantile(q)(x), quantiles(q1, ...)(x), MIN(x) (level 0), MAX(x) (level 1) as
-        (func, argument, levels), or None for other aggregates. Levels must be numeric literals in
-        [0, 1] (they are public: they pick the mechanism's score, never a data value)."""
+    def _quantile(self, node: exp.Expression) -> tuple[str, exp.Expression, tuple[float, ...],
+                                                       exp.Expression | None] | None:
+        """median(x), quantile(q)(x), quantiles(q1, ...)(x), MIN(x) (level 0), MAX(x) (level 1),
+        minIf(x, c), maxIf(x, c) as (func, argument, levels, condition), or None for other
+        aggregates. Levels must be numeric literals in [0, 1] (they are public: they pick the
+        mechanism's score, never a data value)."""
         if isinstance(node, (exp.Min, exp.Max)):
             if isinstance(node.this, exp.Distinct) or node.expressions:
-                raise _reject(f"{text}: {'MIN' if isinstance(node, exp.Min) else 'MAX'} takes one argument")
-            return "quantile", node.this, (0.0 if isinstance(node, exp.Min) else 1.0,)
+                raise _reject(f"{self._typed(node)}: {'MIN' if isinstance(node, exp.Min) else 'MAX'} takes one "
+                              "argument")
+            return "quantile", node.this, (0.0 if isinstance(node, exp.Min) else 1.0,), None
+        if isinstance(node, exp.CombinedAggFunc) and func_name(node).lower() in ("minif", "maxif") \
+                and len(node.expressions) == 2:  # the rows where c holds, as countIf/sumIf do
+            x, cond = node.expressions
+            return "quantile", x, (0.0 if func_name(node).lower() == "minif" else 1.0,), cond
         if isinstance(node, exp.Quantile):
-            return "quantile", node.this, (self._level(node.args.get("quantile"), text),)
+            return "quantile", node.this, (self._level(node.args.get("quantile"), node),), None
         if isinstance(node, exp.ParameterizedAgg) and func_name(node).lower() in ("quantile", "quantiles"):
             params = node.args.get("params") or []
             if len(params) != 1:
-                raise _reject(f"{text}: {func_name(node)}(...)(x) takes one argument x")
-            levels = tuple(self._level(v, text) for v in node.expressions)
+                raise _reject(f"{self._typed(node)}: {func_name(node)}(...)(x) takes one argument x")
+            levels = tuple(self._level(v, node) for v in node.expressions)
             if not levels or (func_name(node).lower() == "quantile" and len(levels) != 1):
-                raise _reject(f"{text}: give the level(s) as quantile(q)(x) or quantiles(q1, q2, ...)(x)")
+                raise _reject(f"{self._typed(node)}: give the level(s) as quantile(q)(x) or quantiles(q1, q2, ...)(x)")
             if len(levels) > 100:
-                raise _reject(f"{text}: at most 100 quantile levels per call")
-            return ("quantile" if func_name(node).lower() == "quantile" else "quantiles"), params[0], levels
+                raise _reject(f"{self._typed(node)}: at most 100 quantile levels per call")
+            return ("quantile" if func_name(node).lower() == "quantile" else "quantiles"), params[0], levels, None
         if isinstance(node, exp.Anonymous) and func_name(node).lower() == "median":
             if len(node.expressions) != 1:
-                raise _reject(f"{text}: median takes one argument")
-            return "quantile", node.expressions[0], (0.5,)
+                raise _reject(f"{self._typed(node)}: median takes one argument")
+            return "quantile", node.expressions[0], (0.5,), None
         return None
 
-    @staticmethod
-    def _level(node: exp.Expression | None, text: str) -> float:
+    def _level(self, level: exp.Expression | None, node: exp.Expression) -> float:
         value = None
-        if isinstance(node, exp.Literal) and not node.is_string:
-            value = float(node.this)
+        if isinstance(level, exp.Literal) and not level.is_string:
+            value = float(level.this)
         if value is None or not (0.0 <= value <= 1.0):
-            raise _reject(f"{text}: a quantile level must be a number literal in [0, 1]")
+            raise _reject(f"{self._typed(node)}: a quantile level must be a number literal in [0, 1]")
         return value
 
     # -- shifted sums ---------------------------------------------------------------------------
@@ -447,13 +504,13 @@ class _Binder:
         """MIN/MAX/median/quantile of a bare Date/DateTime column is released on the column's
         numbers (days / seconds since the epoch, bounded by the catalog's dates); the template
         converts the released number back to the column's type (post-processing)."""
-        q = self._quantile(node, "")
+        q = self._quantile(node)
         arg = q[1] if q is not None else None
         kind = date_kind(self.entry.columns.get(arg.name, "")) if isinstance(arg, exp.Column) else None
         if kind is None:
             return placeholder
         if q[0] == "quantiles":
-            raise _reject(f"{sql_of(node)}: quantiles of a Date/DateTime column are not supported; "
+            raise _reject(f"{self._typed(node)}: quantiles of a Date/DateTime column are not supported; "
                           "use quantile(q)(col) for each level")
         typ = base_type(self.entry.columns[arg.name])
 
@@ -645,7 +702,7 @@ class _Binder:
             names_item = False
         target = self._unqualify(target)
         if any(_is_aggregate(n) for n in target.walk()):
-            raise _reject(f"GROUP BY {sql_of(target)}: grouping by an aggregate is not supported")
+            raise _reject(f"GROUP BY {self._typed(target)}: grouping by an aggregate is not supported")
         cols = self._check_row_expr(target, "GROUP BY")
         if not cols and names_item:
             # a position or alias naming a constant SELECT item (ClickBench's `SELECT 1, URL, ...
@@ -654,7 +711,7 @@ class _Binder:
             # whatever the data (a constant group could otherwise be absent on an empty table).
             return
         if not cols:
-            raise _reject(f"GROUP BY {sql_of(target)}: a key must depend on a column")
+            raise _reject(f"GROUP BY {self._typed(target)}: a key must depend on a column")
         for existing in self.keys:
             if existing.expr == target:
                 return
@@ -664,7 +721,8 @@ class _Binder:
                     name = item.alias
                     break
         self.keys.append(KeySpec(index=len(self.keys), expr=target, columns=cols,
-                                 name=name or _default_name(target), sql=sql_of(target)))
+                                 name=name or _default_name(target), sql=sql_of(target),
+                                 query_sql=self.parsed.sql))
 
 
 def _is_aggregate(node: exp.Expression) -> bool:

@@ -51,7 +51,7 @@ from .catalog_model import (  # noqa: F401 - re-exported: the records moved to d
     quote_ident, quote_string, base_type, is_nullable, is_integer_type, is_numeric_type, MAX_ABS_BOUND,
     _LENGTH_KEY_RE, length_bound_key, date_kind, date_bound_number, is_string_type, literal_sql, TableEntry,
 )
-from .errors import CatalogError, DPCHError
+from .errors import CatalogError, DPCHError, unknown_table
 
 
 def _spec_json(entry: TableEntry) -> str:
@@ -95,6 +95,12 @@ def _entry_from_row(table: str, spec_text: str, salt: str, version: int) -> Tabl
 # ------------------------------------------------------------------------------------------------
 # The catalog
 # ------------------------------------------------------------------------------------------------
+
+# the engine's table names, for "does not exist" / "did you mean" (a constant statement: no analyst
+# text, no rows; the only engine read a rejected query may make)
+TABLE_NAMES_SQL = ("SELECT database || '.' || name AS t FROM system.tables WHERE database NOT IN "
+                   f"('system', 'INFORMATION_SCHEMA', 'information_schema', '{META_DATABASE}')")
+
 
 class Catalog:
     """The privacy catalog of one engine (embedded or server).
@@ -453,9 +459,20 @@ class Catalog:
         qualified = self.qualify(table)
         entry = self._load().get(qualified)
         if entry is None:
-            raise CatalogError(f"table {qualified} is not in the privacy catalog; register it first, e.g. "
-                               f"db.catalog.register({qualified!r}, privacy_unit=..., bounds={{...}})")
+            raise self._not_registered(qualified)
         return entry
+
+    def _not_registered(self, qualified: str) -> CatalogError:
+        """"does not exist" or "is not in the privacy catalog", with close names from the catalog
+        and the engine (table names only; issue 31)."""
+        names, exists = set(self._load()), None
+        try:
+            df = self.backend.query_df(TABLE_NAMES_SQL)
+            names |= set(df["t"])
+            exists = qualified in names
+        except DPCHError:  # the engine could not be asked: say only what the catalog knows
+            pass
+        return unknown_table(qualified, exists, names)
 
     def lookup(self, qualified: str) -> TableEntry | None:
         """The entry for an already-qualified name, or None."""

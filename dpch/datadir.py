@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import DataDirInUse
+from .errors import Advice, DataDirInUse
 
 
 def status_file(data_dir: Path) -> Path:
@@ -89,6 +89,20 @@ def store_in_use_error(data_dir: Path) -> DataDirInUse | None:
         who = "another process"
     return DataDirInUse(
         f"the data directory {Path(data_dir)} is in use by {who}. An embedded engine belongs to one "
-        "process at a time: stop that process, or use another directory (--data-dir / $DPCH_DATA_DIR). "
-        "To share one store between several processes or users, run `dpch serve` on it and connect "
-        "to that server instead.")
+        "process at a time: stop that process, or use another directory.", advice=Advice(
+            python="Connect to another directory (dpch.connect(DIR) or $DPCH_DATA_DIR), or run `dpch serve` "
+                   "on this one and connect to that server (dpch.connect('http://HOST:PORT')).",
+            cli="Use another directory (--data-dir DIR or $DPCH_DATA_DIR), or run `dpch serve` on this one "
+                "and send queries to that server.",
+            gateway="The gateway's administrator must stop the other process that holds its data directory."))
+
+
+def check_store_free(data_dir: Path) -> None:
+    """Raise DataDirInUse before opening the store when another process holds its lock: chDB
+    would print its own "Cannot lock file" line to stderr before DPCH could explain (issue 31).
+    Only a lock seen held counts; any doubt is left to the open itself."""
+    path = status_file(data_dir)
+    if path.exists() and _locked_by_other(path):
+        error = store_in_use_error(data_dir)
+        if error is not None:
+            raise error

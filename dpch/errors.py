@@ -113,9 +113,10 @@ def unknown_table(qualified: str, exists: bool | None, known: Iterable[str]) -> 
     by_short: dict[str, list[str]] = {}
     for name in candidates:
         by_short.setdefault(name.split(".")[-1], []).append(name)
-    close = difflib.get_close_matches(qualified, candidates, n=3, cutoff=0.6)
-    for short in difflib.get_close_matches(qualified.split(".")[-1], list(by_short), n=3, cutoff=0.6):
-        close += [name for name in by_short[short] if name not in close]
+    # the table name first (a misspelled name in the right or the default database), then db.name
+    close = [name for short in difflib.get_close_matches(qualified.split(".")[-1], list(by_short), n=3, cutoff=0.7)
+             for name in by_short[short]]
+    close += [name for name in difflib.get_close_matches(qualified, candidates, n=3, cutoff=0.8) if name not in close]
     close = close[:3]
     mean = f" Did you mean {' or '.join(close)}?" if close else ""
     if exists is False:

@@ -34,8 +34,8 @@ def func_name(node: exp.Expression) -> str:
         return str(node.this) if not isinstance(node.this, exp.Expression) else node.this.name
     if isinstance(node, exp.ParameterizedAgg):
         return str(node.this)
-    if isinstance(node, exp.Func):
-        return node.sql_name().lower()
+    if isinstance(node, exp.Func):  # the name as typed when the parser kept it (uniq, not approx_distinct)
+        return node.meta.get("clickhouse_name") or node.sql_name().lower()
     return type(node).__name__
 
 
@@ -76,7 +76,8 @@ FUNCTION_RULES: dict[str, Rule] = {
                       "torelativemonthnum torelativeyearnum torelativeweeknum adddays addweeks addmonths "
                       "addyears addhours addminutes addseconds addquarters subtractdays subtractweeks "
                       "subtractmonths subtractyears subtracthours subtractminutes subtractseconds today "
-                      "yesterday now fromunixtimestamp",
+                      "yesterday now fromunixtimestamp tostartoftenminutes toyearweek tolastdayofweek "
+                      "tostartofisoyear monthname",
              "date parts and date arithmetic on Date/DateTime values (wrap around, never throw)"),
     **_rules("total", "toint64orzero toint32orzero tofloat64orzero toint64ornull toint32ornull tofloat64ornull "
                       "tostringornull todateorzero todateornull todatetimeornull accuratecastornull",
@@ -154,7 +155,8 @@ _CLASS_NAMES = {
     "RegexpExtract": "regexpextract", "RegexpReplace": "regexpreplace", "Split": "split",
     "ArrayContains": "has", "ArrayContainsAll": "hasall", "ArrayOverlaps": "hasany", "ArraySize": "length",
     "Unhex": "unhex", "Hex": "hex", "MD5": "md5", "SHA": "sha", "SHA2": "sha2", "IsNan": "isnan", "IsInf": "isinfinite",
-    "Slice": "slice",
+    "Slice": "slice", "DayOfWeekIso": "todayofweek", "WeekOfYear": "toisoweek", "YearOfWeekIso": "toisoyear",
+    "Monthname": "monthname",
 }
 _NODE_NAMES = {getattr(exp, c): n for c, n in _CLASS_NAMES.items() if getattr(exp, c, None) is not None}
 

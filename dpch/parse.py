@@ -21,7 +21,7 @@ from sqlglot.errors import ParseError, TokenError
 from .errors import QueryRejected
 from .function_rules import check_functions
 from .relation.syntax import FromSpec, needs_relation, split_from
-from .sql_ast import DIALECT
+from .sql_ast import DIALECT, sql_of
 
 MAX_QUERY_LENGTH = 100_000
 
@@ -70,6 +70,53 @@ class ParsedQuery:
 
 def _reject(msg: str) -> QueryRejected:
     return QueryRejected(msg)
+
+
+_MAX_EXTRA_TOKENS = 8  # how far a span may grow past its positioned tokens (closing parens, strings, ...)
+
+
+def as_typed(node: exp.Expression, sql: str | None) -> str:
+    """``node`` as the analyst typed it, for messages (issue 31): its span in ``sql``, else its
+    ClickHouse-dialect rendering. sqlglot records positions on identifiers, numbers and function
+    names only, so the span of those tokens is grown token by token until it parses back to the
+    same expression; a text that does not is never quoted. Only query text is quoted, never data."""
+    rendered = sql_of(node)
+    spans = [(n.meta["start"], n.meta["end"]) for n in node.walk() if "start" in n.meta and "end" in n.meta]
+    if not sql or not spans:
+        return rendered
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(sql)
+        first = next(i for i, t in enumerate(tokens) if t.start <= start <= t.end)
+        last = next(i for i, t in enumerate(tokens) if t.start <= end <= t.end)
+    except Exception:  # the text is not the one the tree came from: render instead
+        return rendered
+    for extra in range(_MAX_EXTRA_TOKENS + 1):
+        for left in range(extra + 1):
+            i, j = first - left, last + extra - left
+            if i < 0 or j >= len(tokens):
+                continue
+            text = sql[tokens[i].start: tokens[j].end + 1]
+            if _balanced(tokens[i: j + 1]) and _renders_as(text, rendered):
+                return text
+    return rendered
+
+
+def _balanced(tokens) -> bool:
+    """Brackets balanced (sqlglot's parser forgives a missing closing one)."""
+    depth = 0
+    for t in tokens:
+        depth += {"L_PAREN": 1, "L_BRACKET": 1, "R_PAREN": -1, "R_BRACKET": -1}.get(t.token_type.name, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _renders_as(text: str, rendered: str) -> bool:
+    try:
+        return sql_of(sqlglot.parse_one(text, read=DIALECT)) == rendered
+    except Exception:  # not an expression on its own
+        return False
 
 
 def _first_line(text: str) -> str:

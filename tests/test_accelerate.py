@@ -140,7 +140,7 @@ def test_rejections(db):
                                   _noiseless(db, q, projections=False, delta=1e-6))
     with pytest.raises(CatalogError, match="without bounds"):
         db.accelerate(f"{DB}.rej", [], columns=["note"])
-    with pytest.raises(CatalogError, match="not in the privacy catalog"):
+    with pytest.raises(CatalogError, match="does not exist"):
         db.accelerate(f"{DB}.nope", [])
 
 

@@ -327,7 +327,7 @@ def test_parameters_are_validated(sdb):
         args = {"threshold": 10, "epsilon": 1.0, "max_positives": 1, **kw}
         with pytest.raises(InvalidParameter, match=msg):
             sdb.sparse_vector(ROWS, **args)
-    with pytest.raises(QueryRejected, match="not in the privacy catalog"):
+    with pytest.raises(QueryRejected, match="does not exist"):
         sdb.sparse_vector(f"{DB}.nope", threshold=1, epsilon=1.0)
     svt = sdb.sparse_vector(ROWS, threshold=1, epsilon=1.0)
     with pytest.raises(InvalidParameter, match="open the session"):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import (BackendError, BudgetExceeded, CatalogError, DPCHError, InvalidParameter, LedgerError,
-                      QueryRejected)
+from ..errors import (GATEWAY, BackendError, BudgetExceeded, CatalogError, DPCHError, InvalidParameter, LedgerError,
+                      QueryRejected, interface)
 
 # real ClickHouse codes
 SYNTAX_ERROR = (62, "SYNTAX_ERROR", 400)
@@ -86,7 +86,12 @@ _NAME_RE = re.compile(r"\(([A-Z][A-Z0-9_]+)\)")
 
 def from_dpch(exc: BaseException) -> GatewayError:
     """Map an exception raised while answering a DP query. Unknown exceptions become a generic
-    error without their text (it could hold anything)."""
+    error without their text (it could hold anything). Advice is in the gateway's words."""
+    with interface(GATEWAY):
+        return _from_dpch(exc)
+
+
+def _from_dpch(exc: BaseException) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, BudgetExceeded):

@@ -205,7 +205,7 @@ class _Planner:
             else:
                 key_mode = "public"
         else:
-            missing = [k.sql for k, d in zip(bound.keys, key_domains) if d is None]
+            missing = [k.text for k, d in zip(bound.keys, key_domains) if d is None]  # as typed (issue 31)
             if self.delta <= 0:
                 raise QueryRejected(
                     f"GROUP BY {', '.join(missing)}: no public key set applies (no public_keys in the catalog, no "

@@ -74,3 +74,9 @@ SELECT region, MAX(amount) - MIN(amount) AS spread FROM t_controller.rowlevel GR
 SELECT COUNT(DISTINCT region) AS r, COUNT(DISTINCT category) AS c FROM t_controller.purchases -- delta=0
 SELECT region, COUNT(DISTINCT category) AS c FROM t_controller.events GROUP BY region
 SELECT COUNT(DISTINCT user_id) AS users FROM t_controller.rowlevel -- delta=0
+-- ClickHouse habits (issue 31): the DP distinct count, the -If forms, date group keys
+SELECT minIf(amount, qty > 3) AS lo, maxIf(amount, qty > 3) AS hi FROM t_controller.purchases
+SELECT uniq(user_id) AS u, uniqExact(user_id) AS e, uniqCombined(category) AS c FROM t_controller.purchases
+SELECT region, uniqIf(category, qty > 3) AS c, countIf(qty > 3) AS n FROM t_controller.purchases GROUP BY region
+SELECT toStartOfMonth(day) AS m, COUNT(*) AS n FROM t_controller.purchases GROUP BY m
+SELECT toDayOfWeek(day) AS w, uniq(user_id) AS u FROM t_controller.purchases GROUP BY w
