@@ -25,6 +25,7 @@ Options (keyword arguments): ``mechanism`` ("auto" | "laplace" | "gaussian"), ``
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -116,12 +117,36 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     plan_eps = eps - (opts.auto_share * eps if opts.auto else 0.0) - opts.bias_share * eps
     plan = make_plan(bound, plan_eps, dlt, opts, key_types=key_types)
     profile = profile_spec(plan, eps, noise_at(bound, plan, key_types)) if opts.profile_share > 0 else None
+    if profile is not None:
+        plan = _exact_total(plan, profile, eps, lambda e: make_plan(bound, e, dlt, opts, key_types=key_types))
     t3 = time.perf_counter()
     rewritten = rewrite(plan)
     t4 = time.perf_counter()
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
     return Prepared(parsed, bound, plan, rewritten, timings, profile, key_types, (eps, dlt))
+
+
+def _exact_total(plan: Plan, profile: ProfileSpec, eps: float, plan_at) -> Plan:
+    """The plan whose cost, with the profile's, sums (as the ledger sums it) to exactly ε when an ulp
+    step of the plan's ε can reach it, else to just below: never above what was asked."""
+    def total(p: Plan) -> float:
+        return PrivacyCost(profile.costs() + p.cost.mechanisms).epsilon
+
+    for _ in range(8):
+        t = total(plan)
+        if t == eps:
+            break
+        if t > eps:
+            plan = plan_at(math.nextafter(plan.epsilon, 0.0))
+            continue
+        trial = plan_at(math.nextafter(plan.epsilon, math.inf))
+        if total(trial) > eps:
+            break
+        plan = trial
+    while total(plan) > eps:  # not reached in practice: eight steps always come back under
+        plan = plan_at(math.nextafter(plan.epsilon, 0.0))
+    return plan
 
 
 def _precheck_budget(conn, parsed: ParsedQuery, eps: float, dlt: float) -> None:

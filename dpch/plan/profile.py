@@ -59,13 +59,27 @@ def bucket_of(x: int) -> int:
     return sum(1 for e in GRID if e <= x) - 1
 
 
+#: the value grid of bounds="auto" (magnitudes): 0, then 2^(j/2) for j = -20..60 (2^-10 .. 2^30);
+#: bucket i is [VALUE_EDGES[i], VALUE_EDGES[i+1]), the last one open; positive and negative values
+#: have a histogram each (of |x|)
+VALUE_EDGES: tuple[float, ...] = (0.0,) + tuple(2.0 ** (j / 2) for j in range(-20, 61))
+
+
+def value_bucket_of(x: float) -> int:
+    """The 0-based VALUE_EDGES bucket of |x| (Python mirror of dpch.rewrite.profile's SQL)."""
+    return sum(1 for e in VALUE_EDGES if e <= abs(x)) - 1
+
+
 @dataclass(frozen=True)
 class Histogram:
-    """A released histogram on GRID: noisy counts of units per bucket, and the Laplace scale b of
-    each count (public)."""
+    """A released histogram: noisy (unit-weighted) counts per bucket of ``edges``, and the Laplace
+    scale b of each count (public). ``offset``: 1 for integer counts (T_i counts units with more than
+    edge - 1), 0 for real values (mass above the edge)."""
 
     counts: tuple[float, ...]
     scale: float
+    edges: tuple[float, ...] = GRID
+    offset: float = 1.0
 
     def tail(self) -> list[float]:
         """T_i, the number of units with at least GRID[i] (rows or groups), from the noisy counts:
@@ -88,9 +102,10 @@ class TailModel:
     """T(x), the number of units with more than x rows (or groups), as estimated from a histogram:
     the trusted grid points, then a power law T(x) = t·(x/e)^-α from the last one."""
 
-    points: tuple[tuple[int, float], ...]  # (x, #{c > x}) where trusted: x = GRID[i] - 1, T_i
+    points: tuple[tuple[float, float], ...]  # (x, #{c > x}) where trusted: x = edge_i - offset, T_i
     alpha: float  # the power law's exponent, or with ``scale`` the exponential's local exponent x/λ
     scale: float = 0.0  # λ > 0: beyond the last point T(x) = t·e^{-(x - e)/λ} (an exponential tail)
+    floor: float = 1.0  # the smallest positive x the power law starts from (the last point may be x = 0)
 
     def at(self, x: float) -> float:
         """T(x) by linear interpolation between trusted points, the power law beyond them."""
@@ -103,7 +118,8 @@ class TailModel:
         e, t = pts[-1]
         if self.scale > 0:
             return t * math.exp(-(x - e) / self.scale)
-        return t * (x / max(e, 1)) ** (-self.alpha) if x > max(e, 1) else t
+        e1 = max(e, self.floor)
+        return t * (x / e1) ** (-self.alpha) if x > e1 else t
 
     def excess(self, m: float) -> float:
         """Σ_u (c_u - m)+ = ∫_m^∞ T(x) dx: what a bound m drops (trapezoids over the trusted points,
@@ -119,8 +135,8 @@ class TailModel:
         a = max(lo, e)
         if self.scale > 0:
             return total + self.scale * t * math.exp(-(a - e) / self.scale)
-        e1 = max(e, 1)
-        if a < e1:  # flat from e to 1 (e = 0: the only point is the number of units)
+        e1 = max(e, self.floor)
+        if a < e1:  # flat from e to the floor (e = 0: the only point is the number of units)
             total, a = total + (e1 - a) * t, e1
         return total + t * e1 ** self.alpha * a ** (1.0 - self.alpha) / (self.alpha - 1.0)
 
@@ -129,7 +145,7 @@ class TailModel:
         return self.excess(0.0)
 
 
-def _fit(points: Sequence[tuple[int, float]], power: bool) -> tuple[float, float]:
+def _fit(points: Sequence[tuple[float, float]], power: bool) -> tuple[float, float]:
     """(slope, residual sum of squares) of log T against x (exponential tail) or log x (power law),
     least squares over ``points``."""
     xs = [math.log(e) if power else float(e) for e, _ in points]
@@ -148,18 +164,19 @@ def tail_model(h: Histogram) -> TailModel:
     (T ∝ e^{-x/λ}, three points or more) or power law (T ∝ x^{-α}, α >= 1.5); in either case it decays
     at least as fast as the first untrusted point allows (T there is below TRUST_Z standard deviations)."""
     tail = h.tail()
-    # integer counts: #{c > x} at x = GRID[i] - 1 is #{c >= GRID[i]} = T_i
-    pts, last = [(GRID[0] - 1, max(tail[0], 1.0))], 0
+    # integer counts: #{c > x} at x = edge_i - 1 is #{c >= edge_i} = T_i (offset 1); values: offset 0
+    xs = [e - h.offset for e in h.edges]
+    pts, last = [(xs[0], max(tail[0], 1.0))], 0
     for i in range(1, len(tail)):
         if tail[i] <= TRUST_Z * h.tail_sd(i):
             break
         last = i
         if tail[i] < pts[-1][1]:
-            pts.append((GRID[i] - 1, tail[i]))
+            pts.append((xs[i], tail[i]))
         else:  # a plateau: T is flat up to here (extend the last point)
-            pts[-1] = (GRID[i] - 1, pts[-1][1]) if len(pts) > 1 else pts[-1]
+            pts[-1] = (xs[i], pts[-1][1]) if len(pts) > 1 else pts[-1]
     if len(pts) == 1 and last > 0:
-        pts.append((GRID[last] - 1, pts[0][1] * (1 - 1e-9)))
+        pts.append((xs[last], pts[0][1] * (1 - 1e-9)))
     alpha, lam = 1.5, 0.0
     if len(pts) >= 2:
         fit = [p for p in pts[-4:] if p[0] > 0]
@@ -172,7 +189,7 @@ def tail_model(h: Histogram) -> TailModel:
     # the first untrusted point bounds the tail: T there is at most TRUST_Z sd (else it were trusted)
     if last + 1 < len(tail):
         e, t = pts[-1]
-        x = GRID[last + 1] - 1
+        x = xs[last + 1]
         upper = max(tail[last + 1], 0.0) + TRUST_Z * h.tail_sd(last + 1)
         if upper < t and x > e:
             if lam > 0:
@@ -183,7 +200,7 @@ def tail_model(h: Histogram) -> TailModel:
                 # too few points to trust a law between e and x (a plateau, or a sharp edge): the
                 # tail falls linearly to the bound at x, then follows the law from there
                 pts.append((x, max(upper, 1e-9)))
-    return TailModel(tuple(pts), max(1.5, alpha), lam)
+    return TailModel(tuple(pts), max(1.5, alpha), lam, floor=min(x for x in xs if x > 0))
 
 
 @dataclass(frozen=True)
