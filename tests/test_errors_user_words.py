@@ -1,0 +1,216 @@
+"""Errors in the user's words (issue 31 item 4). Each test pins a message's text:
+- the SQL is quoted as typed, not as sqlglot rewrites it (toStartOfMonth, not dateTrunc('MONTH', ...));
+- an unknown table "does not exist", with close names; a table the engine has but the catalog does
+  not "exists but is not in the privacy catalog";
+- a missing budget is NoBudget (a BudgetExceeded and a LedgerError, so old handlers still work);
+- the advice is in the words of the interface that reports it: Python API, CLI, gateway;
+- no raw engine line ("Code: 76 ... Cannot lock file") comes before DPCH's own message.
+"""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import sqlglot
+
+from dpch.bind import bind
+from dpch.errors import (CLI, GATEWAY, PYTHON, BudgetExceeded, CatalogError, LedgerError, NoBudget, QueryRejected,
+                         interface)
+from dpch.ledger import Ledger
+from dpch.parse import as_typed, parse
+from dpch.plan import QueryOptions, make_plan
+from test_controller_fixtures import ANALYST, DB, setup_controller_data
+
+
+@pytest.fixture(scope="module")
+def edb(db):
+    setup_controller_data(db)
+    return db
+
+
+def _plan(db, sql: str, delta: float = 0.0):
+    return make_plan(bind(parse(sql), db.catalog.get(f"{DB}.purchases")), 1.0, delta, QueryOptions())
+
+
+# -- the SQL as typed ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("typed", [
+    "toStartOfMonth( day )", "uniq(user_id)", "toDayOfWeek(day)", "dateTrunc('month', day)",
+    "formatDateTime(day, '%Y-%m')", "CAST(x AS Float64)", "quantile(0.5)(x)", "-x + 1.5", "x::Int32",
+])
+def test_as_typed_quotes_the_original_span(typed):
+    sql = f"SELECT {typed} AS v FROM t"
+    node = sqlglot.parse_one(sql, read="clickhouse").expressions[0].this
+    assert as_typed(node, sql) == typed
+
+
+def test_as_typed_falls_back_to_clickhouse_sql():
+    node = sqlglot.parse_one("SELECT toStartOfMonth(day) FROM t", read="clickhouse").expressions[0]
+    assert as_typed(node, None) == "dateTrunc('MONTH', day)"
+    assert as_typed(node, "SELECT something else entirely FROM t") == "dateTrunc('MONTH', day)"
+
+
+def test_group_key_is_quoted_as_typed(edb):
+    with pytest.raises(QueryRejected) as info:  # delta = 0 and no public keys for this key
+        _plan(edb, f"SELECT toStartOfMonth(day) AS m, COUNT(*) AS n FROM {DB}.purchases GROUP BY m")
+    assert str(info.value).startswith("GROUP BY toStartOfMonth(day): no public key set applies")
+    assert "dateTrunc" not in str(info.value)
+
+
+def test_aggregate_is_quoted_as_typed(edb):
+    with pytest.raises(QueryRejected) as info:
+        _plan(edb, f"SELECT argMax(region, amount) AS r FROM {DB}.purchases")
+    assert str(info.value).startswith("non-DP aggregate argMax (argMax(region, amount)); the DP way to ask: "
+                                      "MIN/MAX of the column, or GROUP BY it.")
+    with pytest.raises(QueryRejected) as info:
+        _plan(edb, f"SELECT SUM(DISTINCT  amount) AS s FROM {DB}.purchases")
+    assert str(info.value) == ("SUM(DISTINCT  amount): SUM(DISTINCT ...) is not supported (its sensitivity is "
+                               "unbounded); use SUM")
+
+
+def test_uniq_is_no_longer_reported_as_approx_distinct(edb):
+    plan = _plan(edb, f"SELECT uniq(user_id) AS u FROM {DB}.purchases")
+    assert [a.func for a in plan.bound.aggregates] == ["count_distinct_unit"]
+    with pytest.raises(QueryRejected) as info:
+        _plan(edb, f"SELECT uniq() AS u FROM {DB}.purchases")
+    assert "approx_distinct" not in str(info.value)
+
+
+# -- unknown tables ----------------------------------------------------------------------------------
+
+def test_misspelled_table_does_not_exist_with_close_matches(edb):
+    with pytest.raises(QueryRejected) as info:
+        edb.query(f"SELECT COUNT(*) FROM {DB}.purchses", epsilon=1.0)
+    assert str(info.value) == f"table {DB}.purchses does not exist. Did you mean {DB}.purchases?"
+    with pytest.raises(CatalogError) as info:
+        edb.catalog.get(f"{DB}.zzzz_nothing_like_it")
+    assert str(info.value) == f"table {DB}.zzzz_nothing_like_it does not exist."
+
+
+def test_existing_table_not_in_the_catalog_is_told_apart(edb):
+    edb.command(f"CREATE TABLE IF NOT EXISTS {DB}.unregistered_words (x Int32) ENGINE = Memory")
+    with pytest.raises(CatalogError) as info:
+        edb.catalog.get(f"{DB}.unregistered_words")
+    exc = info.value
+    head = f"table {DB}.unregistered_words exists but is not in the privacy catalog."
+    assert str(exc) == (f"{head} Register it first: db.catalog.register('{DB}.unregistered_words', "
+                        "privacy_unit=..., bounds={...})")
+    with interface(CLI):
+        assert str(exc) == (f"{head} Register it first: dpch catalog register {DB}.unregistered_words "
+                            "--privacy-unit COLUMN --bounds COL=LO:HI")
+    with interface(GATEWAY):
+        assert str(exc) == f"{head} Ask the gateway's administrator to register it in the privacy catalog."
+
+
+# -- a missing budget ----------------------------------------------------------------------------------
+
+def test_missing_budget_is_no_budget(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.set_budget("alice", "demo.purchases", epsilon=1.0)
+    for call in (lambda: ledger.get_budget("bob", "demo.purchases"), lambda: ledger.remaining("bob", "x"),
+                 lambda: ledger.precheck("bob", "demo.purchases", 0.1)):
+        with pytest.raises(NoBudget):
+            call()
+    with pytest.raises(BudgetExceeded) as info:  # the old handlers keep working
+        ledger.precheck("bob", "demo.purchases", 0.1)
+    assert isinstance(info.value, LedgerError)
+    head = "no budget set for analyst 'bob' on dataset 'demo.purchases'."
+    assert str(info.value) == (f"{head} Set one with db.ledger.set_budget('bob', 'demo.purchases', epsilon=EPS, "
+                               "delta=DELTA) (an administrator's call).")
+    with interface(CLI):
+        assert str(info.value) == (f"{head} An administrator runs: dpch budget set --analyst bob --dataset "
+                                   "demo.purchases --epsilon EPS [--delta DELTA] [--accountant NAME]")
+    with interface(GATEWAY):
+        assert str(info.value) == (f"{head} Ask the gateway's administrator to run `dpch budget set --analyst bob "
+                                   "--dataset demo.purchases --epsilon EPS` on the gateway's data directory.")
+    again = pickle.loads(pickle.dumps(info.value))  # the engine worker sends errors across processes
+    assert type(again) is NoBudget and str(again) == str(info.value)
+
+
+def test_query_without_budget_raises_no_budget(edb):
+    edb.command(f"CREATE TABLE IF NOT EXISTS {DB}.no_budget_words (user_id UInt64, amount Float64) "
+                "ENGINE = MergeTree ORDER BY user_id")
+    if f"{DB}.no_budget_words" not in edb.catalog:
+        edb.catalog.register(f"{DB}.no_budget_words", privacy_unit="user_id", bounds={"amount": (0, 10)})
+    with pytest.raises(NoBudget) as info:
+        edb.query(f"SELECT COUNT(*) FROM {DB}.no_budget_words", epsilon=1.0)
+    assert str(info.value).startswith(f"no budget set for analyst '{ANALYST}' on dataset '{DB}.no_budget_words'. "
+                                      "Set one with db.ledger.set_budget(")
+
+
+# -- advice per interface ------------------------------------------------------------------------------
+
+def test_cli_advises_cli_commands(tmp_path, capsys):
+    from dpch.cli import main
+
+    ledger = tmp_path / "ledger.sqlite"
+    assert main(["budget", "set", "--analyst", "a", "--dataset", "d", "--epsilon", "1", "--ledger", str(ledger)]) == 0
+    capsys.readouterr()
+    assert main(["budget", "reset", "--analyst", "x", "--dataset", "y", "--yes-i-know", "--ledger", str(ledger)]) == 2
+    assert capsys.readouterr().err == (
+        "dpch: error: no budget set for analyst 'x' on dataset 'y'. An administrator runs: dpch budget set "
+        "--analyst x --dataset y --epsilon EPS [--delta DELTA] [--accountant NAME]\n")
+    missing = tmp_path / "nope.sqlite"
+    assert main(["budget", "show", "--ledger", str(missing)]) == 2
+    assert capsys.readouterr().err == (f"dpch: error: ledger not found at {missing}; no query can be answered. "
+                                       f"Create it with `dpch budget set ... --ledger {missing}`.\n")
+
+
+def test_python_advises_python_calls(tmp_path):
+    with pytest.raises(LedgerError) as info:
+        Ledger(tmp_path / "nope.sqlite", create=False)
+    assert str(info.value) == (f"ledger not found at {tmp_path / 'nope.sqlite'}; no query can be answered. "
+                               f"Create it with Ledger('{tmp_path / 'nope.sqlite'}', create=True).")
+
+
+def test_gateway_advises_the_administrator():
+    from dpch.gateway.errors import from_dpch
+
+    err = from_dpch(NoBudget("alice", "demo.purchases"))
+    assert "Ask the gateway's administrator to run `dpch budget set --analyst alice" in err.message
+    assert "db.ledger" not in err.message
+
+
+def test_interface_is_scoped():
+    exc = NoBudget("a", "d")
+    with interface(CLI):
+        with interface(GATEWAY):
+            assert "gateway's administrator" in str(exc)
+        assert "dpch budget set" in str(exc)
+    assert "db.ledger.set_budget" in str(exc)
+    with pytest.raises(ValueError):
+        with interface("web"):
+            pass
+    assert PYTHON == "python"
+
+
+# -- no raw engine line ---------------------------------------------------------------------------------
+
+HOLD = textwrap.dedent("""
+    import sys, dpch
+    db = dpch.connect(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.read()
+    db.close()
+""")
+
+
+def test_no_raw_engine_line_before_the_data_dir_message(tmp_path):
+    data = tmp_path / "data"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(data)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = subprocess.run([sys.executable, "-m", "dpch.cli", "catalog", "list", "--data-dir", str(data)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2
+        assert r.stderr.startswith(f"dpch: error: the data directory {data} is in use by process {holder.pid}"), r.stderr
+        assert "Code: 76" not in r.stderr and "Cannot lock file" not in r.stderr
+        assert r.stderr.rstrip().endswith("Use another directory (--data-dir DIR or $DPCH_DATA_DIR), or run "
+                                          "`dpch serve` on this one and send queries to that server.")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
