@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import sqlglot
@@ -23,6 +22,7 @@ from dpch.ledger import Ledger
 from dpch.parse import as_typed, parse
 from dpch.plan import QueryOptions, make_plan
 from test_controller_fixtures import ANALYST, DB, setup_controller_data
+from test_datadir_in_use import HOLD
 
 
 @pytest.fixture(scope="module")
@@ -188,15 +188,6 @@ def test_interface_is_scoped():
 
 
 # -- no raw engine line ---------------------------------------------------------------------------------
-
-HOLD = textwrap.dedent("""
-    import sys, dpch
-    db = dpch.connect(sys.argv[1])
-    print("ready", flush=True)
-    sys.stdin.read()
-    db.close()
-""")
-
 
 def test_no_raw_engine_line_before_the_data_dir_message(tmp_path):
     data = tmp_path / "data"
