@@ -4,8 +4,10 @@ the salt, row counts or anything computed from rows).
 
 Answered: ``SELECT`` of constants and of ``version()``, ``timezone()``, ``serverTimezone()``,
 ``currentUser()``/``user()``, ``currentDatabase()``/``database()``, ``hostName()``, ``uptime()``;
-``SELECT … FROM system.settings | system.databases | system.tables | system.columns`` with plain
-columns, simple ``WHERE`` (``= != < > IN LIKE ILIKE AND OR NOT``), ``ORDER BY`` and ``LIMIT``;
+``SELECT … FROM system.settings | databases | tables | columns | functions`` and
+``information_schema.schemata | tables | columns`` (built by dpch.gateway.system_tables: the columns
+BI clients read, sizes and row counts NULL) with expressions, ``WHERE``, ``ORDER BY`` and ``LIMIT``
+evaluated by dpch.gateway.frame_query (an unknown column is 47 UNKNOWN_IDENTIFIER);
 ``SHOW DATABASES``, ``SHOW TABLES [FROM db] [LIKE 'p']``, ``DESCRIBE [TABLE] t``,
 ``EXISTS [TABLE] t``, ``USE db`` (no effect over HTTP). Anything else that is not a DP query is
 refused with ACCESS_DENIED by the router.
