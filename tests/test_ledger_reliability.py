@@ -20,6 +20,7 @@ import pytest
 from dpch.cost import MechanismCost, PrivacyCost
 from dpch.errors import LedgerError
 from dpch.ledger import APPLICATION_ID, Ledger
+from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,9 +75,9 @@ CHARGE_WORKER = PREAMBLE + textwrap.dedent("""
 """)
 
 
-def test_concurrent_processes_charge_exactly_the_budget(tmp_path):
+def test_concurrent_processes_charge_exactly_the_budget(tmp_path, ledger_target):
     procs_n, attempts, allowed = 8, 200, 300
-    path = tmp_path / "ledger.sqlite"
+    path = ledger_target
     with Ledger(path) as led:
         led.set_budget("alice", "purchases", allowed * 0.25)  # 0.25 is exact in binary: exactly N fit
     go = tmp_path / "go"
@@ -146,8 +147,8 @@ CRASH_WORKER = PREAMBLE + textwrap.dedent("""
 """)
 
 
-def test_sigkill_during_charge_then_execute(tmp_path):
-    path = tmp_path / "ledger.sqlite"
+def test_sigkill_during_charge_then_execute(tmp_path, ledger_target):
+    path = ledger_target
     outdir = tmp_path / "released"
     outdir.mkdir()
     with Ledger(path) as led:
