@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator  # not typing/dataclasses: `import dpch` stays light
 
 PYTHON, CLI, GATEWAY = "python", "cli", "gateway"
 _INTERFACE: contextvars.ContextVar[str] = contextvars.ContextVar("dpch_interface", default=PYTHON)
@@ -34,13 +33,13 @@ def interface(name: str) -> Iterator[None]:
         _INTERFACE.reset(token)
 
 
-@dataclass(frozen=True)
 class Advice:
     """What to do next, per interface. Holds names (tables, analysts, datasets), never data values."""
 
-    python: str
-    cli: str
-    gateway: str
+    __slots__ = ("python", "cli", "gateway")
+
+    def __init__(self, python: str, cli: str, gateway: str):
+        self.python, self.cli, self.gateway = python, cli, gateway
 
     def render(self, name: str | None = None) -> str:
         return getattr(self, name or current_interface())
