@@ -50,6 +50,7 @@ from .catalog_model import (  # noqa: F401 - re-exported: the records moved to d
     META_DATABASE, META_TABLE, NEIGHBOURS, MAX_PUBLIC_KEYS, _NAME_RE, _INTEGER_TYPES, _FLOAT_TYPES,
     quote_ident, quote_string, base_type, is_nullable, is_integer_type, is_numeric_type, MAX_ABS_BOUND,
     _LENGTH_KEY_RE, length_bound_key, date_kind, date_bound_number, is_string_type, literal_sql, TableEntry,
+    DistributedSpec, sharding_columns, parse_distributed_engine,
 )
 from .errors import CatalogError, DPCHError, unknown_table
 
@@ -86,6 +87,7 @@ def _entry_from_row(table: str, spec_text: str, salt: str, version: int) -> Tabl
             version=version,
             public=bool(spec.get("public", False)),
             references=MappingProxyType({k: tuple(v.rsplit(".", 1)) for k, v in spec.get("references", {}).items()}),
+            distributed=DistributedSpec(**spec["distributed"]) if spec.get("distributed") else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"the catalog entry of {table} is corrupt ({type(exc).__name__}); "
@@ -232,12 +234,16 @@ class Catalog:
                  public_keys: Mapping[str, Iterable] | None = None,
                  columns: Iterable[str] | None = None, rotate_salt: bool = False,
                  public: bool = False, references: Mapping[str, str] | None = None,
-                 replace: bool = False) -> TableEntry:
+                 replace: bool = False, distributed: Mapping[str, str] | None = None) -> TableEntry:
         """Register ``table``. Reads its schema now; ``columns`` restricts the columns analysts
         may use (default: all). ``public=True``: a public table (nothing protected).
         ``references``: foreign keys ``{column: "db.table.column"}`` to registered tables, each to
         a key (unique values, checked now); a table without ``privacy_unit`` reaches its unit
-        through them (checked now: the chain must end at a unit). Returns the stored entry.
+        through them (checked now: the chain must end at a unit). ``distributed``: the table is a
+        ``Distributed`` table, ``{"cluster": ..., "local_table": "db.t_local", "sharding_key":
+        "cityHash64(user_id)"}``, checked now against the engine's definition of the table; a key
+        that is a function of the unit alone lets the rewrite run the per-unit and group stages on
+        each shard (dpch.rewrite.shards). Returns the stored entry.
 
         A registered table is not replaced by accident: registering it again with the same entry
         changes nothing; a different entry is refused unless ``replace=True`` (a register call
@@ -350,7 +356,8 @@ class Catalog:
             bounds=MappingProxyType(checked_bounds), max_groups_contributed=k, max_rows_per_unit=m,
             max_rows_per_group=c, public_keys=MappingProxyType(checked_keys),
             columns=MappingProxyType(registered), salt=salt, public=public,
-            references=MappingProxyType(checked_refs))
+            references=MappingProxyType(checked_refs),
+            distributed=None if distributed is None else self._check_distributed(qualified, registered, distributed))
         if not public:
             from .units import unit_path  # the chain must end at a unit (or there is none: row level)
 
@@ -377,7 +384,7 @@ class Catalog:
         references, rotate_salt) replaces the old value. The same checks as ``register`` apply,
         including the refusal to change the unit of a dataset with charges on record."""
         allowed = {"privacy_unit", "neighbour", "max_groups_contributed", "max_rows_per_unit",
-                   "max_rows_per_group", "columns", "public", "references", "rotate_salt"}
+                   "max_rows_per_group", "columns", "public", "references", "rotate_salt", "distributed"}
         unknown = sorted(set(changes) - allowed)
         if unknown:
             raise CatalogError(f"update: unknown argument(s) {', '.join(unknown)}; allowed: bounds, public_keys, "
@@ -399,13 +406,40 @@ class Catalog:
         kwargs = {"privacy_unit": spec["privacy_unit"], "neighbour": spec["neighbour"],
                   "max_groups_contributed": spec["max_groups_contributed"],
                   "max_rows_per_unit": spec["max_rows_per_unit"], "max_rows_per_group": spec["max_rows_per_group"],
-                  "columns": list(spec["columns"]), "public": spec["public"], "references": spec["references"]}
+                  "columns": list(spec["columns"]), "public": spec["public"], "references": spec["references"],
+                  "distributed": spec.get("distributed")}
         kwargs.update(changes)
         return self.register(old.table, bounds=merged_bounds, public_keys=merged_keys, replace=True, **kwargs)
 
     #: set by the owner of a ledger (dpch.connection): dataset -> charges on record in the current
     #: budget generations; the catalog itself does not read the ledger (a layer of its own)
     charges_on_record: Callable[[str], int] | None = None
+
+    def _check_distributed(self, qualified: str, registered: Mapping[str, str],
+                           distributed: Mapping[str, str]) -> DistributedSpec:
+        """The declared Distributed table, checked: cluster, local table and sharding key given;
+        the key one ClickHouse expression over registered columns; and the engine's definition of
+        ``qualified`` (system.tables.engine_full) the same Distributed table with the same key. The
+        rows must still be written through the Distributed table (docs/DEPLOY.md, "A cluster")."""
+        if not isinstance(distributed, Mapping) or set(distributed) != {"cluster", "local_table", "sharding_key"} \
+                or not all(isinstance(v, str) and v.strip() for v in distributed.values()):
+            raise CatalogError('distributed must be {"cluster": ..., "local_table": "db.table", "sharding_key": ...}')
+        cols, _ = sharding_columns(distributed["sharding_key"])
+        if not cols <= set(registered):
+            raise CatalogError(f"the sharding key of {qualified} reads columns that are not registered columns")
+        spec = DistributedSpec(cluster=distributed["cluster"], local_table=self.qualify(distributed["local_table"]),
+                               sharding_key=distributed["sharding_key"].strip())
+        db, name = qualified.split(".", 1)
+        rows = self.backend.query_df(f"SELECT engine, engine_full FROM system.tables WHERE database = "
+                                     f"{quote_string(db)} AND name = {quote_string(name)}")
+        engine = (str(rows["engine"].iloc[0]), str(rows["engine_full"].iloc[0])) if len(rows) else ("", "")
+        if engine[0] != "Distributed":
+            raise CatalogError(f"{qualified} is not a Distributed table (engine {engine[0] or 'unknown'}); "
+                               "register the Distributed table, not a local one")
+        if parse_distributed_engine(engine[1], db) != spec.normalized():
+            raise CatalogError(f"the declared cluster, local table or sharding key of {qualified} differs from its "
+                               "Distributed engine definition (SHOW CREATE TABLE)")
+        return spec
 
     def _check_unit_change(self, previous: TableEntry, entry: TableEntry, changed: list[str]) -> None:
         unit_changes = [f for f in changed if f in UNIT_FIELDS]

@@ -132,6 +132,108 @@ def literal_sql(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# Distributed tables (docs/DEPLOY.md, "A cluster")
+# ------------------------------------------------------------------------------------------------
+
+# Functions a sharding key may apply to the unit and still be a function of the unit alone:
+# deterministic, stateless, reading nothing but their arguments (never rand(), now(), a dictionary).
+_SHARDING_FUNCTIONS = frozenset("""
+cityhash64 siphash64 xxhash32 xxhash64 xxh3 murmurhash2_32 murmurhash2_64 murmurhash3_32 murmurhash3_64
+inthash32 inthash64 farmhash64 farmfingerprint64 javahash hivehash metrohash64 wyhash64 halfmd5
+touint8 touint16 touint32 touint64 toint8 toint16 toint32 toint64 tostring modulo intdiv abs
+""".split())
+
+
+def sharding_columns(sharding_key: str) -> tuple[frozenset[str], bool]:
+    """(the columns ``sharding_key`` reads, whether every function in it is on the deterministic
+    allow-list), parsed with sqlglot; CatalogError when it is not one ClickHouse expression."""
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(sharding_key, dialect="clickhouse")
+    except sqlglot.errors.ParseError:
+        raise CatalogError("the sharding key is not a ClickHouse expression") from None
+    if not isinstance(tree, exp.Expression) or isinstance(tree, (exp.Select, exp.Query)):
+        raise CatalogError("the sharding key is not a ClickHouse expression")
+    cols = frozenset(c.name for c in tree.find_all(exp.Column))
+    pure = True
+    for node in tree.walk():
+        if isinstance(node, (exp.Subquery, exp.Select, exp.Placeholder, exp.Star)):
+            pure = False
+        elif isinstance(node, exp.Func) and not isinstance(node, (exp.Binary, exp.Paren, exp.Neg, exp.Cast)):
+            name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+            pure &= name.replace("_", "") in {f.replace("_", "") for f in _SHARDING_FUNCTIONS}
+        elif isinstance(node, exp.Binary) and not isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Mod, exp.BitwiseXor)):
+            pure = False
+    return cols, pure
+
+
+@dataclass(frozen=True)
+class DistributedSpec:
+    """A catalogued ``Distributed`` table: its cluster, the local table on every shard
+    (``database.table``) and the sharding key (a ClickHouse expression), as declared and checked
+    at registration (dpch.catalog)."""
+
+    cluster: str
+    local_table: str
+    sharding_key: str
+
+    @property
+    def local_table_sql(self) -> str:
+        db, name = self.local_table.split(".", 1)
+        return f"{quote_ident(db)}.{quote_ident(name)}"
+
+    def by_unit(self, unit: str | None) -> bool:
+        """Whether the key is a function of ``unit`` only (its only column, through allow-listed
+        deterministic functions), so that every row of one unit is on one shard. ``unit`` None (row
+        level: each row is its own unit): any placement keeps a unit on one shard."""
+        if unit is None:
+            return True
+        cols, pure = sharding_columns(self.sharding_key)
+        return pure and cols == {unit}
+
+    def to_dict(self) -> dict:
+        return {"cluster": self.cluster, "local_table": self.local_table, "sharding_key": self.sharding_key}
+
+    def normalized(self) -> tuple[str, str, str]:
+        """(cluster, local table, sharding key as sqlglot renders it): what the engine's
+        definition must match (``parse_distributed_engine``)."""
+        return self.cluster, self.local_table, _expression_text(self.sharding_key)
+
+
+def _expression_text(sql: str) -> str:
+    import sqlglot
+
+    return sqlglot.parse_one(sql, dialect="clickhouse").sql("clickhouse")
+
+
+def parse_distributed_engine(engine_full: str, database: str) -> tuple[str, str, str] | None:
+    """(cluster, local db.table, sharding key) of a ``Distributed(cluster, db, table, key, ...)``
+    engine definition (system.tables.engine_full), or None when it has no sharding key or does not
+    parse. An empty database argument means the Distributed table's own."""
+    import sqlglot
+    from sqlglot import exp
+
+    text = engine_full.strip()
+    if not text.startswith("Distributed("):
+        return None
+    try:
+        call = sqlglot.parse_one("SELECT " + text.split(" SETTINGS ", 1)[0], dialect="clickhouse").expressions[0]
+    except sqlglot.errors.ParseError:
+        return None
+    args = list(call.expressions) if isinstance(call, exp.Anonymous) else []
+    if len(args) < 4:
+        return None
+
+    def name(node: exp.Expression) -> str:
+        return node.name if isinstance(node, (exp.Literal, exp.Column, exp.Identifier)) else node.sql("clickhouse")
+
+    db = name(args[1]) or database
+    return name(args[0]), f"{db}.{name(args[2])}", args[3].sql("clickhouse")
+
+
+# ------------------------------------------------------------------------------------------------
 # Entries
 # ------------------------------------------------------------------------------------------------
 
@@ -153,6 +255,15 @@ class TableEntry:
     public: bool = False
     references: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     # column -> (referenced db.table, referenced column)
+    distributed: DistributedSpec | None = None  # a Distributed table (docs/DEPLOY.md, "A cluster")
+
+    @property
+    def shards_by_unit(self) -> bool:
+        """A Distributed table whose rows of one unit are all on one shard (its sharding key is a
+        function of the unit; row level, or a unit reached through references: see
+        DistributedSpec.by_unit): the per-unit and group stages may then run on each shard."""
+        d = self.distributed
+        return d is not None and not self.references and d.by_unit(self.privacy_unit)
 
     def column_origin(self, column: str) -> tuple[str, str]:
         """(db.table, column) where ``column`` comes from (a joined relation maps its columns back)."""
@@ -211,6 +322,7 @@ class TableEntry:
             "columns": dict(self.columns),
             "public": self.public,
             "references": {k: f"{t}.{c}" for k, (t, c) in self.references.items()},
+            **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
         }
 
     def describe(self) -> str:
@@ -222,6 +334,10 @@ class TableEntry:
         else:
             lines.append(f"  privacy unit: {self.privacy_unit or '(row level: each row is a unit)'}")
         lines.append(f"  neighbour relation: {self.neighbour}")
+        if self.distributed is not None:
+            d = self.distributed
+            lines.append(f"  distributed: cluster {d.cluster}, local table {d.local_table}, sharding key {d.sharding_key}"
+                         f" ({'by unit: two-phase' if self.shards_by_unit else 'not by unit: per-unit stage global'})")
         lines.append(f"  max_groups_contributed: {self.max_groups_contributed}")
         lines.append(f"  max_rows_per_unit: {self.max_rows_per_unit}")
         if self.max_rows_per_group is not None:

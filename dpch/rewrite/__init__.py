@@ -43,6 +43,9 @@ pass, as in sqlglot's optimizer):
 
 The secret salt only appears in ``Rewritten.sql`` (what runs); ``Rewritten.display_sql`` (what
 explain shows) has ``<secret salt>`` instead.
+
+A Distributed table sharded by the unit runs stages 1-3 on each shard and the rest on the
+initiator (``shards``: -State / -Merge partial aggregates; docs/DEPLOY.md, "A cluster").
 """
 from __future__ import annotations
 
@@ -55,13 +58,19 @@ from ..relation.syntax import RELATION_PLACEHOLDER
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
 from .probe import swap_tables
 from .rewriter import _Rewriter
+from .shards import cluster_rewrite, initiator_sql, placement, shard_sql, two_phase
 
 __all__ = ["SALT_PLACEHOLDER", "UNIT_SALT_PLACEHOLDER", "Rewritten", "_Rewriter", "rewrite", "rewrite_for_sensitivity_check",
-           "rewrite_probe", "probe_table_sql"]
+           "rewrite_probe", "probe_table_sql", "cluster_rewrite", "initiator_sql", "placement", "shard_sql",
+           "two_phase"]
 
 
 def rewrite(plan: Plan) -> Rewritten:
-    """The executable query for ``plan`` (noise on, partition selection on)."""
+    """The executable query for ``plan`` (noise on, partition selection on). A Distributed table
+    sharded by the unit gets the two-phase form (dpch.rewrite.shards: the per-unit and group stages
+    on each shard, the rest once on the initiator), with the same privacy guarantee."""
+    if two_phase(plan):
+        return cluster_rewrite(plan)
     return _Rewriter(plan, noise=True, selection=True, table=None).build()
 
 
