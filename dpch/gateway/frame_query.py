@@ -13,7 +13,7 @@ columns, literals, NULL, arithmetic, comparisons, ``AND OR NOT``, ``IS [NOT] NUL
 ``[NOT] LIKE/ILIKE``, ``CASE``/``if``/``multiIf``, ``coalesce``/``ifNull`` and the few string and
 number functions of ``FUNCTIONS``. An unknown column is ClickHouse's 47 UNKNOWN_IDENTIFIER.
 
-Bounded cost (issue 27): at most ``MAX_METADATA_WHERE_NODES`` expression nodes per query, LIKE as a
+Bounded cost (issue 27): at most ``MAX_METADATA_WHERE_NODES + MAX_RESULT_COLUMNS`` expression nodes per query, LIKE as a
 linear-scan wildcard match with a per-query work cap, at most ``MAX_RESULT_COLUMNS`` columns and
 ``MAX_RESULT_CELLS`` cells; a larger request is refused before it is computed.
 """
@@ -397,10 +397,13 @@ def select(tree: exp.Select, frame: Frame) -> pd.DataFrame:
     for key, value in tree.args.items():
         if key not in ALLOWED_CLAUSES and value:
             deny(key.upper().rstrip("_"), frame.what)
-    nodes = sum(1 for _ in tree.walk()) - sum(1 for _ in tree.args["from_"].walk())
-    if nodes > MAX_METADATA_WHERE_NODES:
-        deny(f"a query of more than {MAX_METADATA_WHERE_NODES} expression nodes", frame.what)
     too_many_columns(len(tree.expressions))
+    # each node costs one pass over the rows; a SELECT list of MAX_RESULT_COLUMNS columns stays under the cap
+    cap = MAX_METADATA_WHERE_NODES + MAX_RESULT_COLUMNS
+    nodes = sum(1 for n in tree.walk() if not isinstance(n, exp.Identifier)) - \
+        sum(1 for n in tree.args["from_"].walk() if not isinstance(n, exp.Identifier))
+    if nodes > cap:
+        deny(f"a query of more than {cap} expression nodes", frame.what)
     out: dict[str, pd.Series] = {}
     try:
         for item in tree.expressions:
