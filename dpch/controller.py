@@ -47,9 +47,11 @@ from .probe_db import check_before_charge
 from .rewrite import Rewritten, rewrite
 from .totality import make_total, make_total_expressions, make_total_templates
 from .typecheck import expression_types
+from .catalog import base_type
 from .cost import PrivacyCost
 from .plan.profile import BiasEstimate
-from .unit_profile import ProfileSpec, choose_bounds, noise_rows, profile_spec, run_bias_counts, run_histograms
+from .unit_profile import (ProfileSpec, choose_bounds, noise_rows, noise_value, profile_spec, run_bias_counts,
+                           run_histograms)
 from .unit_profile import attach as attach_bias
 from .units import unit_path
 
@@ -112,11 +114,13 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
     key_types = expression_types(conn.backend, entry, [k.sql for k in bound.keys]) if bound.keys else None
     bound = make_total_templates(bound, key_types)
+    bound, value_columns = _with_value_bounds(bound, opts)
     t2 = time.perf_counter()
     # the profile's share of ε (auto bounds, bias counts) is not the plan's: ε_plan = ε - shares
     plan_eps = eps - (opts.auto_share * eps if opts.auto else 0.0) - opts.bias_share * eps
     plan = make_plan(bound, plan_eps, dlt, opts, key_types=key_types)
-    profile = profile_spec(plan, eps, noise_at(bound, plan, key_types)) if opts.profile_share > 0 else None
+    profile = (profile_spec(plan, eps, noise_at(bound, plan, key_types), value_columns)
+               if opts.profile_share > 0 else None)
     if profile is not None:
         plan = _exact_total(plan, profile, eps, lambda e: make_plan(bound, e, dlt, opts, key_types=key_types))
     t3 = time.perf_counter()
@@ -187,6 +191,34 @@ def _source_tables(spec) -> list[str]:
     return out
 
 
+def _with_value_bounds(bound: BoundQuery, opts: QueryOptions) -> tuple[BoundQuery, tuple[str, ...]]:
+    """The query's own clipping bounds (option ``bounds``): fixed ones replace the catalog's; 'auto'
+    columns (every numeric column an aggregate reads, for bounds='auto') get a placeholder (0, 1),
+    replaced by the bounds chosen from the data before anything runs on them (dpch.unit_profile)."""
+    if not opts.value_bounds and not opts.auto_columns:
+        return bound, ()
+    entry = bound.entry
+    read = []
+    for call in bound.aggregates:
+        for col in (call.arg.find_all(exp.Column) if call.arg is not None else ()):
+            if col.name in entry.columns and col.name not in read:
+                read.append(col.name)
+    if opts.auto_columns == ("*",):
+        auto = tuple(c for c in read if base_type(entry.columns[c]).startswith(("Int", "UInt", "Float", "Decimal")))
+    else:
+        auto = opts.auto_columns
+    named = list(opts.value_bounds or {}) + list(auto if opts.auto_columns != ("*",) else ())
+    unknown = [c for c in named if c not in entry.columns]
+    if unknown:
+        raise InvalidParameter(f"bounds: {', '.join(map(repr, unknown))} not a column of {entry.table}")
+    if opts.auto_columns and not auto:
+        raise InvalidParameter("bounds='auto': no aggregate of this query reads a numeric column")
+    merged = dict(entry.bounds)
+    merged.update(opts.value_bounds or {})
+    merged.update({c: (0.0, 1.0) for c in auto})
+    return replace(bound, entry=replace(entry, bounds=merged)), tuple(auto)
+
+
 def _with_contribution(entry, opts: QueryOptions):
     """The relation with the query's own contribution bounds (k, M, C), if it gives any."""
     given = opts.contribution()
@@ -254,8 +286,13 @@ def _profiled(conn, prepared: Prepared) -> tuple[Prepared, BiasEstimate]:
     final, choices, dropped = prepared, (), None
     if spec.request is not None:
         hists = run_histograms(conn.backend, prepared.plan, spec)
+        def noise_value_at(fixed: dict, col: str, bounds: tuple[float, float]) -> float:
+            return noise_value(_plan_at(prepared.bound, prepared.plan, prepared.key_types,
+                                        {**fixed, "bounds": {col: bounds}}))
+
         chosen, choices, dropped = choose_bounds(prepared.plan, hists,
-                                                 noise_at(prepared.bound, prepared.plan, prepared.key_types))
+                                                 noise_at(prepared.bound, prepared.plan, prepared.key_types),
+                                                 noise_value_at)
         if chosen:
             final = _replanned(prepared, chosen)
     cut = clipped = sd = None
@@ -267,9 +304,13 @@ def _profiled(conn, prepared: Prepared) -> tuple[Prepared, BiasEstimate]:
     return final, BiasEstimate(cut, clipped, dropped, sd, eps, source, tuple(choices))
 
 
-def _plan_at(bound: BoundQuery, plan: Plan, key_types, bounds: dict[str, int]) -> Plan:
-    """``plan`` made again with other contribution bounds (same ε, δ and options)."""
-    entry = replace(bound.entry, **bounds)
+def _plan_at(bound: BoundQuery, plan: Plan, key_types, bounds: dict) -> Plan:
+    """``plan`` made again with other contribution bounds (same ε, δ and options); ``bounds`` may
+    carry "bounds": {column: (lo, hi)}, merged into the entry's clipping bounds."""
+    fields = dict(bounds)
+    if "bounds" in fields:
+        fields["bounds"] = {**bound.entry.bounds, **fields["bounds"]}
+    entry = replace(bound.entry, **fields)
     return make_plan(replace(bound, entry=entry), plan.epsilon, plan.delta, plan.options, key_types=key_types)
 
 

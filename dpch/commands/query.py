@@ -77,6 +77,9 @@ def _query_args(sp) -> None:
                          "auto: chosen from the data with a share of ε (--auto-share)")
     sp.add_argument("--max-rows", type=_bound, default=None, metavar="M|auto",
                     help="rows per unit for this query (replaces the catalog's max_rows_per_unit); auto: as above")
+    sp.add_argument("--bounds", action="append", default=[], metavar="auto|COLUMN=auto|COLUMN=LO:HI",
+                    help="clipping bounds for this query (replace the catalog's); auto: every numeric column an "
+                         "aggregate reads, chosen from the data with a share of ε")
     sp.add_argument("--auto-share", type=_float, default=None, metavar="S",
                     help="share of ε that chooses 'auto' bounds (default 0.1)")
     sp.add_argument("--bias-share", type=_float, default=None, metavar="S",
@@ -113,7 +116,29 @@ def _options(args) -> dict:
     for flag in ("auto_share", "bias_share"):
         if getattr(args, flag, None) is not None:
             opts[flag] = getattr(args, flag)
+    if getattr(args, "bounds", None):
+        opts["bounds"] = _query_bounds(args.bounds)
     return opts
+
+
+def _query_bounds(items: list[str]):
+    """--bounds auto, or COLUMN=auto / COLUMN=LO:HI (repeatable): the option bounds."""
+    if items == ["auto"]:
+        return "auto"
+    out: dict = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"dpch: error: --bounds expects auto, COLUMN=auto or COLUMN=LO:HI, got {item!r}")
+        if value.strip().lower() == "auto":
+            out[name] = "auto"
+            continue
+        lo, _, hi = value.partition(":")
+        try:
+            out[name] = (float(lo), float(hi))
+        except ValueError:
+            raise SystemExit(f"dpch: error: --bounds {item!r}: LO:HI must be two numbers") from None
+    return out
 
 
 def _bound(text: str):

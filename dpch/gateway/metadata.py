@@ -49,6 +49,8 @@ DP_SETTINGS = [
     ("dpch_top_k", "auto", "String", " | ".join(TOP_K_METHODS) + " (how ORDER BY <COUNT/SUM> LIMIT n is answered)"),
     ("dpch_max_rows_per_unit", "", "String", "M for this query: an integer, or auto (chosen from the data, privately)"),
     ("dpch_max_groups_contributed", "", "String", "k for this query: an integer, or auto"),
+    ("dpch_bounds", "", "String", "auto: the clipping bounds of every numeric column an aggregate reads, chosen "
+     "from the data (privately)"),
     ("dpch_auto_share", "0.1", "Float64", "share of ε that chooses the 'auto' bounds"),
     ("dpch_bias_share", "0", "Float64", "share of ε that measures the bias of bounding (X-DPCH-Bias-* headers)"),
 ]

@@ -134,6 +134,10 @@ class DPOptions:
                 if not v.isdigit() or len(v) > 7:
                     raise GatewayError(DPCH_INVALID_PARAMETER, f"{name} must be an integer in [1, 1000000] or auto")
                 o.bounds[name[5:]] = int(v)
+        if s.get("dpch_bounds", "") != "":
+            if s["dpch_bounds"].strip().lower() != "auto":
+                raise GatewayError(DPCH_INVALID_PARAMETER, "dpch_bounds must be auto (fixed bounds are the catalog's)")
+            o.bounds["bounds"] = "auto"
         for name in ("dpch_auto_share", "dpch_bias_share"):
             if s.get(name, "") != "":
                 o.bounds[name[5:]] = num(name)

@@ -56,10 +56,14 @@ class QueryOptions:
     auto: tuple[str, ...] = ()
     auto_share: float = DEFAULT_AUTO_SHARE
     bias_share: float = 0.0
+    # per-query clipping bounds of columns read in aggregates: {column: (lo, hi)} replace the
+    # catalog's; auto_columns are chosen from the data ("*": every numeric column an aggregate reads)
+    value_bounds: Mapping[str, tuple[float, float]] | None = None
+    auto_columns: tuple[str, ...] = ()
 
     FIELDS = ("mechanism", "weights", "keys", "confidence", "with_ci", "max_groups_contributed",
               "max_rows_per_unit", "max_rows_per_group", "selection", "top_k", "output_range", "mixed_rule",
-              "auto_share", "bias_share")
+              "auto_share", "bias_share", "bounds")
     CONTRIBUTION = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
     AUTO = ("max_groups_contributed", "max_rows_per_unit")
 
@@ -107,6 +111,9 @@ class QueryOptions:
                     raise InvalidParameter(f"{name} must be an integer in [1, 1000000]"
                                            + (" or 'auto'" if name in cls.AUTO else ""))
                 bounds[name] = int(v)
+        value_bounds, auto_columns = _check_bounds(options.get("bounds"))
+        if auto_columns:
+            auto.append("bounds")
         auto_share = check_share(options.get("auto_share", DEFAULT_AUTO_SHARE), "auto_share")
         bias_share = check_share(options.get("bias_share", 0.0), "bias_share")
         if auto and auto_share == 0.0:
@@ -116,7 +123,7 @@ class QueryOptions:
         return cls(mechanism=mech, weights=dict(weights) if weights else None,
                    keys=dict(keys) if keys else None, confidence=conf, with_ci=with_ci, selection=selection, top_k=top_k,
                    output_range=output_range, mixed_rule=mixed_rule, auto=tuple(auto), auto_share=auto_share,
-                   bias_share=bias_share, **bounds)
+                   bias_share=bias_share, value_bounds=value_bounds, auto_columns=auto_columns, **bounds)
 
     @property
     def profile_share(self) -> float:
@@ -126,6 +133,26 @@ class QueryOptions:
     def contribution(self) -> dict[str, int]:
         """The contribution bounds given with the query (to replace the catalog's)."""
         return {n: getattr(self, n) for n in self.CONTRIBUTION if getattr(self, n) is not None}
+
+
+def _check_bounds(value: Any) -> tuple[dict | None, tuple[str, ...]]:
+    """The option bounds: "auto" (every numeric column an aggregate reads), or {column: "auto" |
+    (lo, hi)}. Returns (fixed bounds or None, auto columns; ("*",) for all)."""
+    if value is None:
+        return None, ()
+    if value == "auto":
+        return None, ("*",)
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidParameter("bounds must be 'auto' or a mapping {column: 'auto' or (lo, hi)}")
+    fixed, auto = {}, []
+    for col, b in value.items():
+        if not isinstance(col, str):
+            raise InvalidParameter("bounds: column names must be strings")
+        if b == "auto":
+            auto.append(col)
+        else:
+            fixed[col] = _range_pair(b, f"bounds[{col!r}]")
+    return (fixed or None), tuple(auto)
 
 
 def _range_pair(value: Any, name: str) -> tuple[float, float]:

@@ -50,8 +50,16 @@ WARN_SHARE = 0.05
 WARN_Z = 4.0
 #: the counts of the bias step, in release order
 BIAS_COUNTS = ("units", "cut", "clipped")
+#: a tail count that stops falling below this share of the units ends the trusted points
+PLATEAU_SHARE = 0.5
 #: a noisy tail count is trusted where it exceeds this many of its standard deviations
 TRUST_Z = 2.0
+#: the power law (a heavy tail: larger bounds) is preferred over the exponential only when it fits
+#: the last trusted points this much better (residual sum of squares ratio): noise alone must not
+#: turn a light tail heavy
+POWER_EVIDENCE = 2.0
+#: no bound is chosen above REACH times the first untrusted grid point: beyond it the tail is a model
+REACH = 32.0
 
 
 def bucket_of(x: int) -> int:
@@ -82,7 +90,7 @@ class Histogram:
     offset: float = 1.0
 
     def tail(self) -> list[float]:
-        """T_i, the number of units with at least GRID[i] (rows or groups), from the noisy counts:
+        """T_i, the number of units with at least edge_i (rows or groups), from the noisy counts:
         suffix sums, clamped at 0 and made non-increasing (the true T is). Post-processing."""
         out, run = [0.0] * len(self.counts), 0.0
         for i in range(len(self.counts) - 1, -1, -1):
@@ -106,6 +114,7 @@ class TailModel:
     alpha: float  # the power law's exponent, or with ``scale`` the exponential's local exponent x/λ
     scale: float = 0.0  # λ > 0: beyond the last point T(x) = t·e^{-(x - e)/λ} (an exponential tail)
     floor: float = 1.0  # the smallest positive x the power law starts from (the last point may be x = 0)
+    reach: float = math.inf  # REACH x the first untrusted point: no bound is chosen beyond the evidence
 
     def at(self, x: float) -> float:
         """T(x) by linear interpolation between trusted points, the power law beyond them."""
@@ -145,15 +154,17 @@ class TailModel:
         return self.excess(0.0)
 
 
-def _fit(points: Sequence[tuple[float, float]], power: bool) -> tuple[float, float]:
-    """(slope, residual sum of squares) of log T against x (exponential tail) or log x (power law),
-    least squares over ``points``."""
-    xs = [math.log(e) if power else float(e) for e, _ in points]
-    ys = [math.log(t) for _, t in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    rss = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+def _fit(points: Sequence[tuple[float, float, float]], power: bool) -> tuple[float, float]:
+    """(slope, weighted residual sum of squares) of log T against x (exponential tail) or log x (power
+    law), weighted least squares over ``points`` (x, T, sd of T): log T's variance is about (sd/T)²."""
+    xs = [math.log(e) if power else float(e) for e, _, _ in points]
+    ys = [math.log(t) for _, t, _ in points]
+    ws = [(t / sd) ** 2 if sd > 0 else 1e12 for _, t, sd in points]
+    sw = sum(ws)
+    mx, my = sum(w * x for w, x in zip(ws, xs)) / sw, sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
+    rss = sum(w * (y - my - slope * (x - mx)) ** 2 for w, x, y in zip(ws, xs, ys))
     return slope, rss
 
 
@@ -166,23 +177,28 @@ def tail_model(h: Histogram) -> TailModel:
     tail = h.tail()
     # integer counts: #{c > x} at x = edge_i - 1 is #{c >= edge_i} = T_i (offset 1); values: offset 0
     xs = [e - h.offset for e in h.edges]
-    pts, last = [(xs[0], max(tail[0], 1.0))], 0
+    pts, last, sds = [(xs[0], max(tail[0], 1.0))], 0, {xs[0]: h.tail_sd(0)}
     for i in range(1, len(tail)):
         if tail[i] <= TRUST_Z * h.tail_sd(i):
             break
+        if tail[i] >= pts[-1][1] and pts[-1][1] < PLATEAU_SHARE * pts[0][1]:
+            # a flat stretch in the tail is the noise's random walk (summed from the empty top), not
+            # units: real tails fall. Only the bulk may be flat (every unit has that many rows).
+            break
         last = i
+        sds[xs[i]] = h.tail_sd(i)
         if tail[i] < pts[-1][1]:
             pts.append((xs[i], tail[i]))
-        else:  # a plateau: T is flat up to here (extend the last point)
+        else:  # a plateau of the bulk: T is flat up to here (extend the last point)
             pts[-1] = (xs[i], pts[-1][1]) if len(pts) > 1 else pts[-1]
     if len(pts) == 1 and last > 0:
         pts.append((xs[last], pts[0][1] * (1 - 1e-9)))
     alpha, lam = 1.5, 0.0
     if len(pts) >= 2:
-        fit = [p for p in pts[-4:] if p[0] > 0]
+        fit = [(x, t, sds.get(x, 0.0)) for x, t in pts[-4:] if x > 0]
         exp_slope, exp_rss = _fit(fit, power=False) if len(fit) >= 2 else (0.0, 0.0)
         pow_slope, pow_rss = _fit(fit, power=True) if len(fit) >= 2 else (0.0, 0.0)
-        if len(fit) >= 3 and exp_rss < pow_rss and exp_slope < 0:
+        if len(fit) >= 3 and exp_rss < POWER_EVIDENCE * pow_rss and exp_slope < 0:
             lam = -1.0 / exp_slope
         elif pow_slope < 0:
             alpha = -pow_slope
@@ -200,32 +216,35 @@ def tail_model(h: Histogram) -> TailModel:
                 # too few points to trust a law between e and x (a plateau, or a sharp edge): the
                 # tail falls linearly to the bound at x, then follows the law from there
                 pts.append((x, max(upper, 1e-9)))
-    return TailModel(tuple(pts), max(1.5, alpha), lam, floor=min(x for x in xs if x > 0))
+    reach = REACH * max(xs[min(last + 1, len(xs) - 1)], min(x for x in xs if x > 0))
+    return TailModel(tuple(pts), max(1.5, alpha), lam, floor=min(x for x in xs if x > 0), reach=reach)
 
 
 @dataclass(frozen=True)
 class BoundChoice:
     """One chosen bound and why (shown by explain and in the answer's attrs)."""
 
-    name: str  # "max_rows_per_unit" | "max_groups_contributed"
-    value: int
+    name: str  # "max_rows_per_unit" | "max_groups_contributed" | "bounds[<column>]"
+    value: int | tuple[float, float]
     estimated_bias: float  # rows it drops (estimate)
     estimated_noise: float  # G·sd of the released values at this bound, in rows
     rule: str
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "value": self.value, "estimated_bias_rows": self.estimated_bias,
-                "estimated_noise_rows": self.estimated_noise, "rule": self.rule}
+        value = list(self.value) if isinstance(self.value, tuple) else self.value
+        return {"name": self.name, "value": value, "estimated_bias": self.estimated_bias,
+                "estimated_noise": self.estimated_noise, "rule": self.rule}
 
 
-def choose(name: str, model: TailModel, noise_at: Callable[[int], float], *, rows_per_step: float = 1.0,
-           cap: int = 1_000_000) -> BoundChoice:
-    """The candidate bound b of CANDIDATES (<= cap) minimising rows_per_step·excess(b) + noise_at(b)
+def choose(name: str, model: TailModel, noise_at: Callable[[float], float], *, rows_per_step: float = 1.0,
+           cap: float = 1_000_000, candidates: Sequence[float] = CANDIDATES) -> BoundChoice:
+    """The candidate bound b (<= cap) minimising rows_per_step·excess(b) + noise_at(b)
     (post-processing of the released histogram). ``rows_per_step``: the rows one step above the
-    bound stands for (1 for rows per unit; the mean rows per group for groups per unit)."""
+    bound stands for (1 for rows per unit; the mean rows per group for groups per unit; the kept rows
+    per unit for a column's clipping bound, whose histogram is unit-weighted)."""
     best = None
-    for b in CANDIDATES:
-        if b > cap:
+    for b in candidates:
+        if b > min(cap, model.reach) and best is not None:
             break
         bias = rows_per_step * model.excess(b)
         noise = noise_at(b)
@@ -239,16 +258,25 @@ def choose(name: str, model: TailModel, noise_at: Callable[[int], float], *, row
 
 @dataclass(frozen=True)
 class ProfileRequest:
-    """What the auto-bounds step releases: histograms of rows and/or groups per unit at ε."""
+    """What the auto-bounds step releases: histograms of rows and/or groups per unit, and of each
+    ``values`` column's values (positive and negative side, unit-weighted), at ε in all."""
 
     rows: bool
     groups: bool
     epsilon: float
     neighbour: str
+    values: tuple[str, ...] = ()
 
     @property
     def histograms(self) -> int:
-        return int(self.rows) + int(self.groups)
+        return int(self.rows) + int(self.groups) + len(self.values)
+
+    @property
+    def value_sensitivity(self) -> float:
+        """L1 of one column's value histograms (both sides): a unit's row weights 1/c_u sum to 1 (2
+        under substitution); 1e-9 more for the float sum of the weights (its rounding error is far
+        below that)."""
+        return self.sensitivity * (1.0 + 1e-9)
 
     @property
     def sensitivity(self) -> int:

@@ -9,7 +9,7 @@ from sqlglot import exp
 
 from ..catalog import base_type, quote_ident
 from ..plan import Plan
-from ..plan.profile import GRID
+from ..plan.profile import GRID, VALUE_EDGES
 from ..sql_ast import sql_of
 from .base import _indent
 from .bounding import BoundingStages
@@ -98,3 +98,39 @@ def bias_counts_sql(plan: Plan, noise_sql) -> str:
     rows = (f"SELECT arrayJoin([(0, __dp_n0), (1, __dp_n1), (2, __dp_n2)]) AS __dp_p\nFROM (\n{_indent(stats)}\n)")
     return (f"SELECT __dp_p.1 AS __dp_i, {noise_sql('__dp_p.2')} AS __dp_v\nFROM (\n{_indent(rows)}\n)\n"
             "ORDER BY __dp_i")
+
+
+def _value_bucket(col: str) -> str:
+    """The 0-based VALUE_EDGES bucket of |x| (dpch.plan.profile.value_bucket_of)."""
+    edges = ", ".join(repr(e) for e in VALUE_EDGES)
+    return f"toUInt32(arrayCount(__dp_e -> __dp_e <= abs({col}), [{edges}]) - 1)"
+
+
+def value_histogram_sql(plan: Plan, column_sql: str, noise_sql) -> str:
+    """(__dp_s, __dp_b, __dp_v): side s (0: x >= 0, 1: x < 0), bucket b of |x| on VALUE_EDGES, and the
+    noisy unit-weighted count: each unit's non-NULL finite values of ``column_sql`` (in the query's
+    relation, after its WHERE) weigh 1/c_u each (c_u: how many it has), so one unit adds at most 1 in
+    all (a row-level table: each row weighs 1). Every (s, b) is released. ``noise_sql``: the
+    (real-valued) mechanism's SQL."""
+    rel = _Relation(plan)
+    x = f"toFloat64({column_sql})"
+    where = rel._where(key_filters=True)
+    valid = f"({column_sql} IS NOT NULL) AND isFinite({x})"
+    if plan.entry.row_level:
+        where = f"{where} AND {valid}" if where else f"\nWHERE {valid}"
+        weighted = (f"SELECT toUInt8({x} < 0) AS __dp_s, {_value_bucket(x)} AS __dp_b, toFloat64(1) AS __dp_f\n"
+                    f"FROM {rel.table_sql}{where}")
+    else:
+        unit = quote_ident(plan.entry.privacy_unit)  # type: ignore[arg-type]
+        cond = f"({unit} IS NOT NULL) AND {valid}"
+        where = f"{where} AND {cond}" if where else f"\nWHERE {cond}"
+        cells = (f"SELECT {unit} AS __dp_u, toUInt8({x} < 0) AS __dp_s, {_value_bucket(x)} AS __dp_b, "
+                 f"count() AS __dp_n\nFROM {rel.table_sql}{where}\nGROUP BY __dp_u, __dp_s, __dp_b")
+        weighted = (f"SELECT __dp_s, __dp_b, __dp_n / sum(__dp_n) OVER (PARTITION BY __dp_u) AS __dp_f\n"
+                    f"FROM (\n{_indent(cells)}\n)")
+    domain = ", ".join(f"({s}, {b})" for s in (0, 1) for b in range(len(VALUE_EDGES)))
+    every = f"SELECT __dp_p.1 AS __dp_s, __dp_p.2 AS __dp_b, toFloat64(0) AS __dp_f FROM (SELECT arrayJoin([{domain}]) AS __dp_p)"
+    summed = (f"SELECT __dp_s, __dp_b, sum(__dp_f) AS __dp_w\nFROM (\n{_indent(weighted)}\n  UNION ALL\n"
+              f"{_indent(every)}\n)\nGROUP BY __dp_s, __dp_b")
+    return (f"SELECT __dp_s, __dp_b, {noise_sql('__dp_w')} AS __dp_v\nFROM (\n{_indent(summed)}\n)\n"
+            "ORDER BY __dp_s, __dp_b")
