@@ -188,9 +188,11 @@ class SQLiteTxn:
             raise LedgerError(f"ledger {self.path}: charge #{rec.id} vanished during an update")
 
     def last_charge_id(self, analyst, dataset, generation):
-        row = self.conn.execute("SELECT MAX(id) FROM charges WHERE analyst=? AND dataset=? AND generation=?",
-                                (analyst, dataset, generation)).fetchone()
-        return row[0] or 0
+        # ORDER BY ... LIMIT 1, not MAX(id): PostgreSQL 15 aggregates MAX over every matching index
+        # entry here, while this reads one from the end of charges_by_budget (both stores)
+        row = self.conn.execute("SELECT id FROM charges WHERE analyst=? AND dataset=? AND generation=? "
+                                "ORDER BY id DESC LIMIT 1", (analyst, dataset, generation)).fetchone()
+        return 0 if row is None else row[0]
 
     # -- incremental accountant state -------------------------------------------------------
     def get_state(self, analyst, dataset, generation):
