@@ -44,7 +44,7 @@ from .relation import RELATION_PLACEHOLDER, split_from
 from .relation.resolver import needs_unit_chain, resolve
 from .relation.services import RelationServices
 from .probe_db import check_before_charge
-from .rewrite import Rewritten, rewrite
+from .rewrite import Rewritten, placement, rewrite
 from .totality import make_total, make_total_expressions, make_total_templates
 from .typecheck import expression_types
 from .catalog import base_type
@@ -455,6 +455,7 @@ class Explanation:
     relation: list[str] = field(default_factory=list)  # joins: the tables, how each reaches the unit
     top_k: dict | None = None  # a top-n query: how it is answered (dpch.plan.top_k.top_k_facts)
     profile: dict | None = None  # bounds from the data / bias counts: the ε split and the rule
+    placement: str = ""  # a Distributed table: which stage runs where (dpch.rewrite.shards)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -500,6 +501,8 @@ class Explanation:
             lines.append(f"  {a['aggregate']}: {a['function']} from {', '.join(a['quantities'])}")
         if self.per_unit_stage:
             lines.append(f"per-unit stage: {self.per_unit_stage}")
+        if self.placement:
+            lines.append(f"cluster: {self.placement}")
         if self.profile:
             p = self.profile
             if p["auto"]:
@@ -610,7 +613,8 @@ def explain_prepared(prepared: Prepared) -> Explanation:
         requested_epsilon=prepared.requested[0] if prepared.profile else plan.epsilon,
         requested_delta=prepared.requested[1] if prepared.profile else plan.delta, timings_ms=dict(prepared.timings_ms), per_unit_stage=projection_hint(plan),
         relation=list(getattr(plan.entry, "layout", ())), top_k=top_k_facts(plan),
-        profile=prepared.profile.summary() if prepared.profile else None)
+        profile=prepared.profile.summary() if prepared.profile else None,
+        placement=placement(plan.entry) or "")
 
 
 def explain_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, **options) -> Explanation:

@@ -170,3 +170,102 @@ def test_two_phase_equals_single_node(db, tmp_path):
 @pytest.mark.parametrize("n", [2, 5])
 def test_two_phase_equals_single_node_other_shard_counts(db, tmp_path, n):
     _check(db, tmp_path, n)
+
+
+# -- the catalog, explain and the production query ----------------------------------------------
+
+class _DistributedEngine:
+    """The test engine, except that system.tables reports ``engine_full`` as the engine of table
+    ``t_shard.p`` (chDB has no cluster to hold a real Distributed table)."""
+
+    def __init__(self, backend, engine_full: str):
+        self.backend, self.engine_full = backend, engine_full
+
+    def query_df(self, sql: str):
+        if sql.startswith("SELECT engine, engine_full FROM system.tables") and "'p'" in sql:
+            import pandas as pd
+
+            return pd.DataFrame({"engine": ["Distributed"], "engine_full": [self.engine_full]})
+        return self.backend.query_df(sql)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+SPEC = {"cluster": "dpch", "local_table": "t_shard.p_local", "sharding_key": "cityHash64(user_id)"}
+
+
+@pytest.fixture(scope="module")
+def sdb(db):
+    db.command("CREATE DATABASE IF NOT EXISTS t_shard")
+    for t in ("p", "p_local"):
+        db.command(f"DROP TABLE IF EXISTS t_shard.{t}")
+        db.command(f"CREATE TABLE t_shard.{t} (user_id UInt64, region String, amount Float64) ENGINE = MergeTree "
+                   "ORDER BY user_id")
+        db.command(f"INSERT INTO t_shard.{t} SELECT number % 200, ['EU', 'US'][number % 2 + 1], number % 90 "
+                   "FROM numbers(3000)")
+    db.ledger.set_budget("tester", "t_shard.p", epsilon=1e6, delta=0.5)
+    return db
+
+
+def _register(db, engine_full: str, **spec):
+    from dpch.catalog import Catalog
+
+    entry = Catalog(_DistributedEngine(db.backend, engine_full)).register(
+        "t_shard.p", privacy_unit="user_id", bounds={"amount": (0, 100)}, max_rows_per_unit=5,
+        public_keys={"region": ["EU", "US", "ASIA"]}, distributed={**SPEC, **spec}, replace=True)
+    db.catalog.refresh()
+    return entry
+
+
+def test_catalog_checks_the_declared_distributed_table(sdb):
+    from dpch.errors import CatalogError
+
+    with pytest.raises(CatalogError, match="is not a Distributed table"):
+        sdb.catalog.register("t_shard.p", privacy_unit="user_id", distributed=SPEC, replace=True)
+    engine = "Distributed('dpch', 't_shard', 'p_local', cityHash64(user_id))"
+    with pytest.raises(CatalogError, match="differs from its Distributed engine definition"):
+        _register(sdb, engine, sharding_key="cityHash64(region)")
+    with pytest.raises(CatalogError, match="differs"):
+        _register(sdb, engine, local_table="t_shard.other")
+    with pytest.raises(CatalogError, match="not registered columns"):
+        _register(sdb, engine, sharding_key="cityHash64(nope)")
+    with pytest.raises(CatalogError, match="distributed must be"):
+        _register(sdb, engine, cluster="")
+    entry = _register(sdb, engine, sharding_key="cityHash64( user_id )")  # the same expression
+    assert entry.shards_by_unit and sdb.catalog.get("t_shard.p").distributed == entry.distributed
+    assert "by unit: two-phase" in entry.describe()
+    # keys that are not a function of the unit alone: accepted, one global query
+    for key in ("cityHash64(region)", "cityHash64(user_id, region)", "cityHash64(user_id) + rand()", "rand()"):
+        entry = _register(sdb, f"Distributed('dpch', 't_shard', 'p_local', {key})", sharding_key=key)
+        assert entry.distributed is not None and not entry.shards_by_unit, key
+
+
+def test_explain_and_the_cluster_query(sdb):
+    from dpch.rewrite import _Rewriter
+
+    sql = "SELECT region, COUNT(*) AS n, SUM(amount) AS s FROM t_shard.p GROUP BY region"
+    _register(sdb, "Distributed('dpch', 't_shard', 'p_local', cityHash64(region))", sharding_key="cityHash64(region)")
+    explained = sdb.explain(sql, epsilon=1.0, delta=1e-6)
+    assert "per-unit stage is global" in str(explained) and "cluster(" not in explained.sql
+    plan = prepare(sdb, sql, epsilon=1.0, delta=1e-6).plan
+    assert not two_phase(plan)  # the single-node query, unchanged, over the Distributed table
+    assert prepare(sdb, sql, epsilon=1.0, delta=1e-6).rewritten.sql == _Rewriter(
+        plan, noise=True, selection=True, table=None).build().sql
+
+    _register(sdb, "Distributed('dpch', 't_shard', 'p_local', cityHash64(user_id))")
+    explained = sdb.explain(sql, epsilon=1.0, delta=1e-6)
+    assert "cluster: two-phase on cluster dpch" in str(explained)
+    assert "cluster('dpch', view(" in explained.sql and "<secret salt>" in explained.sql
+    prepared = prepare(sdb, sql, epsilon=1.0, delta=1e-6)
+    assert two_phase(prepared.plan) and prepared.rewritten.sql == cluster_rewrite(prepared.plan).sql
+    assert "two-phase" in placement(prepared.plan.entry)
+    shard = shard_sql(prepared.plan)
+    assert "dpch_" not in shard and "`p_local`" in shard  # no UDF on a shard; the local table
+    assert "dpch_laplace_int" in prepared.rewritten.sql.split("cluster('dpch'")[0]  # noise on the initiator
+    # the production query on the real engine: one local "shard" through remote() (chDB has no cluster)
+    local = prepared.rewritten.sql.replace("cluster('dpch', view(", "remote('127.0.0.1', view(")
+    noisy = sdb.backend.query_df(local)
+    reference = sdb.backend.query_df(rewrite_for_sensitivity_check(prepared.plan).sql)
+    assert list(noisy.columns) == list(reference.columns) and len(noisy) == 3  # every public key
+    assert sorted(noisy["region"]) == ["ASIA", "EU", "US"]

@@ -295,7 +295,8 @@ def cmd_catalog_register(args) -> int:
             max_rows_per_unit=args.max_rows, max_rows_per_group=args.max_rows_per_group,
             public_keys=dict(_parse_keys(k) for k in args.public_keys),
             columns=args.columns.split(",") if args.columns else None, rotate_salt=args.rotate_salt,
-            public=args.public, references=_parse_references(args.references), replace=args.replace)
+            public=args.public, references=_parse_references(args.references), replace=args.replace,
+            distributed=dict(zip(("cluster", "local_table", "sharding_key"), args.distributed)) if args.distributed else None)
         print(entry.describe())
     return 0
 
@@ -389,6 +390,9 @@ def register(subparsers) -> None:
                    help="a foreign key to a key of a registered table (the unit is reached through it)")
     r.add_argument("--replace", action="store_true",
                    help="replace a registered table's whole entry (what is not named is dropped)")
+    r.add_argument("--distributed", nargs=3, metavar=("CLUSTER", "LOCAL_TABLE", "SHARDING_KEY"), default=None,
+                   help="a Distributed table: its cluster, local table and sharding key, checked against its "
+                        "definition (a key that is a function of the unit runs the per-unit stage on each shard)")
     _common(r)
     r.set_defaults(func=cmd_catalog_register)
     u = sub.add_parser("update", help="change only the named parts of a registered table's entry")
