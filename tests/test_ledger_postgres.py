@@ -280,3 +280,49 @@ def test_credentials_never_appear_in_messages(pg_server):
         Ledger(url)
     assert "s3cret-pw" not in str(info.value) and "127.0.0.1" in str(info.value)
     assert "s3cret-pw" not in redact(url)
+
+
+# ---------------------------------------------------------------------------------------------
+# `dpch serve` gateways on one PostgreSQL ledger
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_gateways_on_one_ledger_answer_exactly_the_budget(pg_server, tmp_path):
+    """Two real `dpch serve --ledger postgresql://…` processes (each with its own embedded engine
+    and demo data) and 8 concurrent clients: an analyst whose budget allows exactly 12 queries gets
+    exactly 12 answers in all, the rest are refused by the ledger (403)."""
+    import httpx
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_gateway import PASSWORD, Server, _cli
+
+    url, n = pg_server.new_schema(), 12
+    gateways = []
+    try:
+        for i in range(2):
+            d = tmp_path / f"gw{i}"
+            _cli("demo", "--data-dir", str(d), "--rows", "2000")
+            _cli("users", "add", "alice", "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
+            gateways.append(Server(d, "--ledger", url))
+        _cli("budget", "set", "--ledger", url, "--analyst", "alice", "--dataset", "demo.purchases",
+             "--epsilon", str(n * 0.5))
+        for g in gateways:
+            g.start()
+
+        def client(i: int) -> list[int]:
+            codes = []
+            while True:
+                r = httpx.post(gateways[i % 2].url + "/", content=b"SELECT dp_count(0.5) AS n FROM demo.purchases",
+                               auth=("alice", PASSWORD), timeout=60)
+                codes.append(r.status_code)
+                if r.status_code != 200:
+                    return codes
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = [c for cs in pool.map(client, range(8)) for c in cs]
+        assert codes.count(200) == n and set(codes) == {200, 403}
+        with Ledger(url, create=False) as led:
+            assert led.remaining("alice", "demo.purchases").queries == n
+    finally:
+        for g in gateways:
+            g.stop()
