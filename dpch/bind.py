@@ -618,7 +618,7 @@ class _Binder:
         for item in items:
             alias = item.alias if isinstance(item, exp.Alias) else None
             body = item.this if isinstance(item, exp.Alias) else item
-            name = alias or _default_name(body)
+            name = alias or _default_name(body, self.parsed.sql)
             template = self._template(body, "SELECT", use_aliases=False)
             base = name
             n = 1
@@ -721,7 +721,7 @@ class _Binder:
                     name = item.alias
                     break
         self.keys.append(KeySpec(index=len(self.keys), expr=target, columns=cols,
-                                 name=name or _default_name(target), sql=sql_of(target),
+                                 name=name or _default_name(target, self.parsed.sql), sql=sql_of(target),
                                  query_sql=self.parsed.sql))
 
 
@@ -774,10 +774,16 @@ def _sum_shift(node: exp.Sum) -> tuple[exp.Expression | None, str]:
     return arg, "0"
 
 
-def _default_name(node: exp.Expression) -> str:
+def _default_name(node: exp.Expression, sql: str | None = None) -> str:
+    """The output name of an unaliased item: its ClickHouse SQL, or the text as typed where the
+    parser renamed a function (toStartOfMonth(d), not dateTrunc('MONTH', d); issue 31)."""
     if isinstance(node, exp.Column):
         return node.name
-    return sql_of(node)
+    rendered = sql_of(node)
+    low = rendered.lower()
+    if any(n.meta.get("clickhouse_name", "").lower() not in low for n in node.walk()):
+        return as_typed(node, sql)
+    return rendered
 
 
 def _classify(template: exp.Expression) -> tuple[str, int | None]:

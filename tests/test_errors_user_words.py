@@ -60,6 +60,14 @@ def test_group_key_is_quoted_as_typed(edb):
     assert "dateTrunc" not in str(info.value)
 
 
+def test_unaliased_column_is_named_as_typed(edb):
+    """ClickHouse names an unaliased item by its text: toStartOfMonth(day), not dateTrunc('MONTH', day)."""
+    sql = (f"SELECT toStartOfMonth(day), toMonday(day), uniq(user_id), COUNT(*) FROM {DB}.purchases "
+           "GROUP BY toStartOfMonth(day), toMonday(day)")
+    bound = bind(parse(sql), edb.catalog.get(f"{DB}.purchases"))
+    assert [o.name for o in bound.outputs] == ["toStartOfMonth(day)", "toMonday(day)", "uniq(user_id)", "COUNT(*)"]
+
+
 def test_aggregate_is_quoted_as_typed(edb):
     with pytest.raises(QueryRejected) as info:
         _plan(edb, f"SELECT argMax(region, amount) AS r FROM {DB}.purchases")
