@@ -74,9 +74,9 @@ class _Split:
 def _split(groups: str) -> _Split:
     # groups_sql is "SELECT <one-line projection>\nFROM ..." (its subqueries are indented)
     head, sep, tail = groups.partition("\nFROM ")
-    assert head.startswith("SELECT ") and sep, "unexpected group stage"
-    select = sqlglot.parse_one(head, dialect=DIALECT)
-    assert isinstance(select, exp.Select)
+    select = sqlglot.parse_one(head, dialect=DIALECT) if head.startswith("SELECT ") and sep else None
+    if not isinstance(select, exp.Select):
+        raise ValueError("unexpected group stage")
     shard_cols: list[str] = []
     keys: list[str] = []
     merge_cols: list[str] = []
@@ -91,9 +91,9 @@ def _split(groups: str) -> _Split:
         merged = body.copy()
         for old, new in zip(aggs, [n for n in merged.walk(prune=lambda n: isinstance(n, _AGG_NODES))
                                    if isinstance(n, _AGG_NODES)]):
-            text = sql_of(old.copy())
-            fname, paren, args = text.partition("(")
-            assert paren and "DISTINCT" not in args.upper(), "unexpected aggregate in the group stage"
+            fname, paren, args = sql_of(old.copy()).partition("(")
+            if not paren or old.find(exp.Distinct) is not None:  # the group stage has no DISTINCT aggregate
+                raise ValueError("the group stage has an aggregate without a -State form")
             state = f"__dp_st{len(shard_cols) - len(keys)}"
             shard_cols.append(f"{fname}State({args} AS {state}")
             merge = exp.Anonymous(this=f"{fname}Merge", expressions=[exp.column(state)])
