@@ -45,8 +45,8 @@ def controller_times(db, reps: int) -> dict:
         prepare(db, sql, epsilon=1.0, delta=delta)  # warm imports and caches of the first call
         totals, stages = [], {"parse": [], "bind": [], "plan": [], "rewrite": []}
         for i in range(reps):
-            # vary ε so that no calibration result is reused from a cache
-            p = prepare(db, sql, epsilon=1.0 + i * 1e-3, delta=delta)
+            # vary ε (never the warm-up's 1.0) so that no plan or calibration is reused from a cache
+            p = prepare(db, sql, epsilon=1.0 + (i + 1) * 1e-3, delta=delta)
             totals.append(p.controller_ms)
             for k, v in p.timings_ms.items():
                 stages[k].append(v)

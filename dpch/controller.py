@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 from sqlglot import exp
 
+from . import plan_cache
 from .bind import BoundQuery, bind
 from .errors import CatalogError, DPCHError, InvalidParameter, LedgerError, QueryRejected
 from .execute import execute, execute_formatted
@@ -104,6 +105,11 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
         raise InvalidParameter("bounds 'auto' and bias_share are answered by db.query / the gateway's SELECT only; "
                                "give fixed bounds here (choose them with db.tune or a query with 'auto')")
     eps, dlt = check_budget_args(epsilon, delta)
+    key = plan_cache.key_for(conn, sql, tree, eps, dlt, opts, profile)
+    if (hit := plan_cache.get(key)) is not None:  # same analyst, query, catalog state, ε, δ, options
+        if precheck:
+            _precheck_budget(conn, hit.parsed, eps, dlt)
+        return replace(hit, timings_ms={"plan cache": (time.perf_counter() - t0) * 1e3})
     parsed = parse(sql, tree)
     if precheck:
         _precheck_budget(conn, parsed, eps, dlt)
@@ -128,7 +134,9 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     t4 = time.perf_counter()
     timings = {"parse": (t1 - t0) * 1e3, "bind": (t2 - t1) * 1e3, "plan": (t3 - t2) * 1e3,
                "rewrite": (t4 - t3) * 1e3}
-    return Prepared(parsed, bound, plan, rewritten, timings, profile, key_types, (eps, dlt))
+    prepared = Prepared(parsed, bound, plan, rewritten, timings, profile, key_types, (eps, dlt))
+    plan_cache.put(key, prepared)
+    return prepared
 
 
 def _exact_total(plan: Plan, profile: ProfileSpec, eps: float, plan_at) -> Plan:

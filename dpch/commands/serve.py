@@ -5,6 +5,7 @@
                [--tcp-port 9000 [--tcp-idle-timeout S]]
                [--max-execution-time S --max-memory-usage B --max-rows-to-read N
                 --max-result-rows N --max-bytes-to-read B] [--engine-sessions N] [--unconfined]
+               [--max-concurrent-queries-for-user [USER=]N ...]
 
 The data directory holds the ledger, the user store (``dpch users``) and, for the embedded engine,
 the store itself, which a Landlock-confined worker process owns (dpch.engine_worker): the gateway
@@ -57,6 +58,12 @@ def register(subparsers) -> None:
     p.add_argument("--engine-sessions", type=int, default=DEFAULT_SESSIONS, metavar="N",
                    help=f"engine connections (and threads) running queries in parallel, 1 to {MAX_SESSIONS}; "
                         "one analyst uses at most N - 1")
+    from ..gateway.limits import DEFAULT_QUERIES_PER_USER
+
+    p.add_argument("--max-concurrent-queries-for-user", action="append", default=None, metavar="[USER=]N",
+                   help="queries one user may have running or waiting at once (default "
+                        f"{DEFAULT_QUERIES_PER_USER}; 0: no cap); one more is refused with code 202. Repeat with "
+                        "USER=N to set one user's cap")
     p.add_argument("--tcp-port", type=int, default=None, metavar="PORT",
                    help="also speak ClickHouse's native TCP protocol on PORT (e.g. 9000; docs/GATEWAY.md "
                         "'Native protocol')")
@@ -81,10 +88,17 @@ def _run(args) -> int:
                           max_rows_to_read=args.max_rows_to_read, max_result_rows=args.max_result_rows,
                           max_bytes_to_read=args.max_bytes_to_read)
     unconfined = args.unconfined or os.environ.get("DPCH_ENGINE_UNCONFINED", "") == "1"
+    from ..gateway.limits import UserQueryCaps
+
+    try:
+        user_queries = UserQueryCaps.parse(args.max_concurrent_queries_for_user)
+    except ValueError as exc:
+        raise SystemExit(f"dpch serve: {exc}") from None
     cfg = GatewayConfig(data_dir=data_dir, backend_url=args.backend, backend_user=args.backend_user,
                         backend_password=password, max_body_bytes=args.max_body_bytes,
                         body_timeout=args.body_timeout, access_log=args.access_log, limits=limits,
-                        unconfined=unconfined, engine_sessions=args.engine_sessions, ledger=args.ledger)
+                        unconfined=unconfined, engine_sessions=args.engine_sessions, ledger=args.ledger,
+                        user_queries=user_queries)
     if args.tcp_port is not None:
         from ..gateway.native import NativeConfig
 

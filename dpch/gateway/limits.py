@@ -163,3 +163,41 @@ def check_headers(headers) -> None:
         v = headers.get(name)
         if v is not None and (len(v) > MAX_OTHER_PARAM_CHARS or _CONTROL.search(v)):
             raise _bad(name, "no control characters expected")
+
+
+#: simultaneous queries (running or waiting for an engine thread) of one user, when not configured
+DEFAULT_QUERIES_PER_USER = 16
+
+
+@dataclass(frozen=True)
+class UserQueryCaps:
+    """ClickHouse's ``max_concurrent_queries_for_user``: how many queries one user may have in the
+    gateway at once (running on an engine thread or waiting for one). One more is refused at once
+    with 202 TOO_MANY_SIMULTANEOUS_QUERIES, before anything runs or is charged; the refusal depends
+    on the user's own requests in flight only. ``per_user`` overrides ``default`` by user name;
+    0 means no cap for that user (the gateway's ``max_queued`` still bounds every request)."""
+
+    default: int = DEFAULT_QUERIES_PER_USER
+    per_user: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        for name, n in (("default", self.default), *self.per_user):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"max concurrent queries for {name}: a whole number >= 0 expected")
+
+    def for_user(self, user: str) -> int:
+        return dict(self.per_user).get(user, self.default)
+
+    @classmethod
+    def parse(cls, values: list[str] | None) -> "UserQueryCaps":
+        """From ``--max-concurrent-queries-for-user`` values: ``N`` (everyone) or ``USER=N`` (one user)."""
+        default, per = DEFAULT_QUERIES_PER_USER, {}
+        for v in values or ():
+            name, sep, n = v.rpartition("=")
+            if not n.strip().isdigit() or (sep and not name):
+                raise ValueError(f"--max-concurrent-queries-for-user: N or USER=N expected, got {v!r}")
+            if sep:
+                per[name] = int(n)
+            else:
+                default = int(n)
+        return cls(default, tuple(sorted(per.items())))

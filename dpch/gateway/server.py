@@ -40,6 +40,7 @@ from ..users import UserStore
 from . import formats
 from . import limits
 from .accesslog import AccessLog
+from .limits import UserQueryCaps
 from .auth import auth_failed, credentials
 from .errors import (BAD_ARGUMENTS, CANNOT_PARSE_INPUT, TIMEOUT, TOO_LARGE_REQUEST, TOO_MANY_SIMULTANEOUS_QUERIES,
                      UNSUPPORTED_METHOD, GatewayError, from_dpch)
@@ -78,6 +79,8 @@ class GatewayConfig:
     native: object | None = None
     # the ledger: None for <data dir>/ledger.sqlite, or a file or postgresql:// URL (several gateways)
     ledger: str | None = None
+    # queries one user may have in flight (running or waiting); one more is refused with 202
+    user_queries: UserQueryCaps = field(default_factory=UserQueryCaps)
 
     @property
     def ledger_target(self):
@@ -95,6 +98,7 @@ class Gateway:
         # one analyst holds at most n - 1 engine threads: another analyst always finds one free
         self.per_user = max(1, n - 1)
         self._user_slots: dict[str, asyncio.Semaphore] = {}  # event-loop only: no lock needed
+        self._in_flight: dict[str, int] = {}  # user -> queries running or waiting (event loop only)
         self.auth_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dpch-auth")
         self.users = UserStore(cfg.data_dir)
         self.access = AccessLog(cfg.access_log if cfg.access_log else str(cfg.data_dir / "access.log"))
@@ -168,10 +172,17 @@ class Gateway:
 
     async def on_engine(self, fn, *args, user: str | None = None):
         """Run ``fn(*args)`` on an engine thread. Waiting requests are capped (``max_queued``, 202);
-        ``user``'s requests beyond ``per_user`` wait here, on the event loop, not on an engine thread."""
+        ``user``'s requests beyond ``per_user`` wait here, on the event loop, not on an engine thread;
+        beyond the user's ``max_concurrent_queries_for_user`` (cfg.user_queries) they are refused (202)."""
+        cap = self.cfg.user_queries.for_user(user) if user is not None else 0
+        if cap and self._in_flight.get(user, 0) >= cap:
+            raise GatewayError(TOO_MANY_SIMULTANEOUS_QUERIES, f"too many simultaneous queries for user {user}: "
+                               f"the maximum is {cap}; wait for one to finish")
         if self.queued >= self.cfg.max_queued:
             raise GatewayError(TOO_MANY_SIMULTANEOUS_QUERIES, "too many queries are waiting; try again later")
         self.queued += 1
+        if user is not None:
+            self._in_flight[user] = self._in_flight.get(user, 0) + 1
         try:
             slots = contextlib.nullcontext()
             if user is not None:
@@ -180,6 +191,12 @@ class Gateway:
                 return await asyncio.get_running_loop().run_in_executor(self.engine, fn, *args)
         finally:
             self.queued -= 1
+            if user is not None:
+                left = self._in_flight[user] - 1
+                if left:
+                    self._in_flight[user] = left
+                else:
+                    del self._in_flight[user]
 
     async def startup(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.engine, self._open)
