@@ -88,6 +88,7 @@ def _entry_from_row(table: str, spec_text: str, salt: str, version: int) -> Tabl
             public=bool(spec.get("public", False)),
             references=MappingProxyType({k: tuple(v.rsplit(".", 1)) for k, v in spec.get("references", {}).items()}),
             distributed=DistributedSpec(**spec["distributed"]) if spec.get("distributed") else None,
+            auto=tuple(spec.get("auto", ())),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"the catalog entry of {table} is corrupt ({type(exc).__name__}); "
@@ -229,7 +230,7 @@ class Catalog:
     # -- public API ---------------------------------------------------------------------------
     def register(self, table: str, *, privacy_unit: str | None = None, neighbour: str = "add_remove",
                  bounds: Mapping[str, tuple[float, float]] | None = None,
-                 max_groups_contributed: int = 1, max_rows_per_unit: int = 1,
+                 max_groups_contributed: int | str = 1, max_rows_per_unit: int | str = 1,
                  max_rows_per_group: int | None = None,
                  public_keys: Mapping[str, Iterable] | None = None,
                  columns: Iterable[str] | None = None, rotate_salt: bool = False,
@@ -243,7 +244,9 @@ class Catalog:
         ``Distributed`` table, ``{"cluster": ..., "local_table": "db.t_local", "sharding_key":
         "cityHash64(user_id)"}``, checked now against the engine's definition of the table; a key
         that is a function of the unit alone lets the rewrite run the per-unit and group stages on
-        each shard (dpch.rewrite.shards). Returns the stored entry.
+        each shard (dpch.rewrite.shards). ``max_groups_contributed``/``max_rows_per_unit`` = "auto"
+        and ``bounds={column: "auto"}``: every query chooses them from the data, privately, with a
+        share of its ε (dpch.plan.profile), unless it gives its own. Returns the stored entry.
 
         A registered table is not replaced by accident: registering it again with the same entry
         changes nothing; a different entry is refused unless ``replace=True`` (a register call
@@ -279,20 +282,31 @@ class Catalog:
 
         def _positive_int(value, name):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CatalogError(f"{name} must be an integer >= 1")
+                raise CatalogError(f"{name} must be an integer >= 1" + (" or 'auto'" if name in (
+                    "max_groups_contributed", "max_rows_per_unit") else ""))
             return int(value)
 
-        k = _positive_int(max_groups_contributed, "max_groups_contributed")
-        m = _positive_int(max_rows_per_unit, "max_rows_per_unit")
+        # 'auto': every query chooses the bound from the data (dpch.plan.profile) unless it gives
+        # its own; the stored integer (1) is what a query that turns auto off (auto_share=0) uses
+        auto = [n for n, v in (("max_groups_contributed", max_groups_contributed),
+                               ("max_rows_per_unit", max_rows_per_unit)) if v == "auto"]
+        k = 1 if "max_groups_contributed" in auto else _positive_int(max_groups_contributed, "max_groups_contributed")
+        m = 1 if "max_rows_per_unit" in auto else _positive_int(max_rows_per_unit, "max_rows_per_unit")
         c = None if max_rows_per_group is None else _positive_int(max_rows_per_group, "max_rows_per_group")
         checked_refs = self._check_references(qualified, registered, references or {}, public)
         via_reference = any(not self._load()[t].public for t, _ in checked_refs.values())
-        if privacy_unit is None and not via_reference and (k != 1 or m != 1 or c not in (None, 1)):
+        if privacy_unit is None and not via_reference and (k != 1 or m != 1 or c not in (None, 1) or auto):
             raise CatalogError("a row-level table (no privacy_unit) has one row per unit: "
                                "max_groups_contributed, max_rows_per_unit and max_rows_per_group must be 1")
 
         checked_bounds: dict[str, tuple[float, float]] = {}
         for col, pair in (bounds or {}).items():
+            if pair == "auto":
+                if col not in registered or not is_numeric_type(registered[col]):
+                    raise CatalogError(f"bounds 'auto' given for {col!r}, which is not a registered numeric column "
+                                       f"of {qualified}")
+                auto.append(f"bounds:{col}")
+                continue
             length_of = _LENGTH_KEY_RE.match(col) if isinstance(col, str) else None
             if length_of is not None:
                 # bounds of a derived value: length(<String column>) in bytes (AVG(length(URL)))
@@ -357,7 +371,8 @@ class Catalog:
             max_rows_per_group=c, public_keys=MappingProxyType(checked_keys),
             columns=MappingProxyType(registered), salt=salt, public=public,
             references=MappingProxyType(checked_refs),
-            distributed=None if distributed is None else self._check_distributed(qualified, registered, distributed))
+            distributed=None if distributed is None else self._check_distributed(qualified, registered, distributed),
+            auto=tuple(auto))
         if not public:
             from .units import unit_path  # the chain must end at a unit (or there is none: row level)
 
@@ -392,6 +407,7 @@ class Catalog:
         old = self.get(table)
         spec = old.to_dict()
         merged_bounds = {k: tuple(v) for k, v in spec["bounds"].items()}
+        merged_bounds.update({a.split(":", 1)[1]: "auto" for a in old.auto if a.startswith("bounds:")})
         for col, pair in (bounds or {}).items():
             if pair is None:
                 merged_bounds.pop(col, None)
@@ -404,8 +420,10 @@ class Catalog:
             else:
                 merged_keys[col] = values
         kwargs = {"privacy_unit": spec["privacy_unit"], "neighbour": spec["neighbour"],
-                  "max_groups_contributed": spec["max_groups_contributed"],
-                  "max_rows_per_unit": spec["max_rows_per_unit"], "max_rows_per_group": spec["max_rows_per_group"],
+                  "max_groups_contributed": "auto" if "max_groups_contributed" in old.auto
+                  else spec["max_groups_contributed"],
+                  "max_rows_per_unit": "auto" if "max_rows_per_unit" in old.auto else spec["max_rows_per_unit"],
+                  "max_rows_per_group": spec["max_rows_per_group"],
                   "columns": list(spec["columns"]), "public": spec["public"], "references": spec["references"],
                   "distributed": spec.get("distributed")}
         kwargs.update(changes)

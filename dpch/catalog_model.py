@@ -256,6 +256,9 @@ class TableEntry:
     references: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     # column -> (referenced db.table, referenced column)
     distributed: DistributedSpec | None = None  # a Distributed table (docs/DEPLOY.md, "A cluster")
+    # bounds every query chooses from the data unless it gives its own (dpch.plan.profile):
+    # "max_rows_per_unit", "max_groups_contributed", "bounds:<column>"
+    auto: tuple[str, ...] = ()
 
     @property
     def shards_by_unit(self) -> bool:
@@ -323,6 +326,7 @@ class TableEntry:
             "public": self.public,
             "references": {k: f"{t}.{c}" for k, (t, c) in self.references.items()},
             **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
+            **({"auto": list(self.auto)} if self.auto else {}),
         }
 
     def describe(self) -> str:
@@ -338,14 +342,17 @@ class TableEntry:
             d = self.distributed
             lines.append(f"  distributed: cluster {d.cluster}, local table {d.local_table}, sharding key {d.sharding_key}"
                          f" ({'by unit: two-phase' if self.shards_by_unit else 'not by unit: per-unit stage global'})")
-        lines.append(f"  max_groups_contributed: {self.max_groups_contributed}")
-        lines.append(f"  max_rows_per_unit: {self.max_rows_per_unit}")
+        for name in ("max_groups_contributed", "max_rows_per_unit"):
+            lines.append(f"  {name}: " + ("auto (chosen per query from the data)" if name in self.auto
+                                          else str(getattr(self, name))))
         if self.max_rows_per_group is not None:
             lines.append(f"  max_rows_per_group: {self.max_rows_per_group}")
         lines.append("  columns:")
         for name, typ in self.columns.items():
             extra = ""
-            if name in self.bounds:
+            if f"bounds:{name}" in self.auto:
+                extra += "  bounds auto (chosen per query from the data)"
+            elif name in self.bounds:
                 lo, hi = self.bounds[name]
                 extra += f"  bounds [{lo!r}, {hi!r}]"
             if length_bound_key(name) in self.bounds:

@@ -115,6 +115,7 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
         _precheck_budget(conn, parsed, eps, dlt)
     t1 = time.perf_counter()
     parsed, entry = _relation(conn, parsed)
+    opts = _with_catalog_auto(opts, entry, profile)
     entry = _with_contribution(entry, opts)
     bound = bind(parsed, entry)
     bound = make_total(bound, lambda sqls: expression_types(conn.backend, entry, sqls))
@@ -127,6 +128,12 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     plan = make_plan(bound, plan_eps, dlt, opts, key_types=key_types)
     profile = (profile_spec(plan, eps, noise_at(bound, plan, key_types), value_columns)
                if opts.profile_share > 0 else None)
+    if opts.auto and (profile is None or profile.request is None):
+        # nothing to choose after all (e.g. bounds 'auto' of a column no aggregate reads): the plan
+        # gets the auto share back
+        plan_eps = eps - opts.bias_share * eps
+        plan = make_plan(bound, plan_eps, dlt, opts, key_types=key_types)
+        profile = profile_spec(plan, eps, noise_at(bound, plan, key_types), value_columns) if opts.bias_share else None
     if profile is not None:
         plan = _exact_total(plan, profile, eps, lambda e: make_plan(bound, e, dlt, opts, key_types=key_types))
     t3 = time.perf_counter()
@@ -199,6 +206,26 @@ def _source_tables(spec) -> list[str]:
     return out
 
 
+def _with_catalog_auto(opts: QueryOptions, entry, profile: bool) -> QueryOptions:
+    """The catalog's 'auto' bounds (TableEntry.auto) for what the query does not give itself. A
+    release path without the unit profile (``profile`` False) refuses them: it needs fixed bounds."""
+    wanted = [a for a in getattr(entry, "auto", ()) if not (
+        (a in QueryOptions.AUTO and (getattr(opts, a) is not None or a in opts.auto))
+        or (a.startswith("bounds:") and (a[7:] in (opts.value_bounds or {}) or a[7:] in opts.auto_columns
+                                          or opts.auto_columns == ("*",))))]
+    if not wanted or opts.auto_share == 0.0:
+        return opts
+    if not profile:
+        raise InvalidParameter(f"{entry.table} declares {', '.join(wanted)} as 'auto' (chosen per query from the "
+                               "data), which db.query / the gateway's SELECT answer; give fixed ones here "
+                               "(max_rows_per_unit=..., bounds={column: (lo, hi)})")
+    auto = tuple(opts.auto) + tuple(a for a in wanted if a in QueryOptions.AUTO)
+    cols = tuple(opts.auto_columns) + tuple(a[7:] for a in wanted if a.startswith("bounds:"))
+    if cols != tuple(opts.auto_columns) and "bounds" not in auto:
+        auto += ("bounds",)
+    return replace(opts, auto=auto, auto_columns=cols)
+
+
 def _with_value_bounds(bound: BoundQuery, opts: QueryOptions) -> tuple[BoundQuery, tuple[str, ...]]:
     """The query's own clipping bounds (option ``bounds``): fixed ones replace the catalog's; 'auto'
     columns (every numeric column an aggregate reads, for bounds='auto') get a placeholder (0, 1),
@@ -211,16 +238,13 @@ def _with_value_bounds(bound: BoundQuery, opts: QueryOptions) -> tuple[BoundQuer
         for col in (call.arg.find_all(exp.Column) if call.arg is not None else ()):
             if col.name in entry.columns and col.name not in read:
                 read.append(col.name)
-    if opts.auto_columns == ("*",):
-        auto = tuple(c for c in read if base_type(entry.columns[c]).startswith(("Int", "UInt", "Float", "Decimal")))
-    else:
-        auto = opts.auto_columns
-    named = list(opts.value_bounds or {}) + list(auto if opts.auto_columns != ("*",) else ())
+    named = list(opts.value_bounds or {}) + [c for c in opts.auto_columns if c != "*"]
     unknown = [c for c in named if c not in entry.columns]
     if unknown:
         raise InvalidParameter(f"bounds: {', '.join(map(repr, unknown))} not a column of {entry.table}")
-    if opts.auto_columns and not auto:
-        raise InvalidParameter("bounds='auto': no aggregate of this query reads a numeric column")
+    numeric = [c for c in read if base_type(entry.columns[c]).startswith(("Int", "UInt", "Float", "Decimal"))]
+    # a column no aggregate reads has nothing to clip: no histogram for it
+    auto = tuple(numeric) if opts.auto_columns == ("*",) else tuple(c for c in opts.auto_columns if c in read)
     merged = dict(entry.bounds)
     merged.update(opts.value_bounds or {})
     merged.update({c: (0.0, 1.0) for c in auto})

@@ -113,7 +113,9 @@ def profile_spec(plan: Plan, epsilon: float, noise_rows_at: Callable[[int, int],
         if rows or groups or value_columns:
             request = ProfileRequest(rows=rows, groups=groups, epsilon=o.auto_share * epsilon,
                                      neighbour=plan.entry.neighbour, values=value_columns)
-    return ProfileSpec(request, o.bias_share * epsilon, tuple(o.auto))
+    if request is None and o.bias_share == 0.0:
+        return None
+    return ProfileSpec(request, o.bias_share * epsilon, tuple(o.auto) if request is not None else ())
 
 
 def run_histograms(backend: Engine, plan: Plan, spec: ProfileSpec) -> dict[str, Histogram]:

@@ -216,3 +216,27 @@ def test_bounds_auto_clips_where_the_values_are(adb):
         assert abs(float(ans["s"][0]) - truth) < 0.1 * truth + 5 * half
     with pytest.raises(InvalidParameter, match="not a column"):
         adb.query(f"SELECT SUM(amount) FROM {T}", epsilon=1.0, bounds={"amout": (0, 1)})
+
+
+def test_auto_in_the_catalog(adb):
+    """register/update take 'auto' for k, M and a column's bounds; queries then choose them from the
+    data unless they give their own; a release path without the profile refuses them."""
+    adb.catalog.update(T, max_rows_per_unit="auto", bounds={"amount": "auto"})
+    e = adb.catalog.get(T)
+    assert set(e.auto) == {"max_rows_per_unit", "bounds:amount"} and "amount" not in e.bounds
+    assert "auto (chosen per query from the data)" in e.describe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BiasWarning)
+        df = adb.query(f"SELECT SUM(amount) AS s FROM {T}", epsilon=1.0)
+        fixed = adb.query(f"SELECT SUM(amount) AS s FROM {T}", epsilon=1.0, max_rows_per_unit=20,
+                          bounds={"amount": (0, 100)})
+    names = {c["name"] for c in df.attrs["bias"]["choices"]}
+    assert {"max_rows_per_unit", "bounds[amount]"} <= names
+    assert "bias" not in fixed.attrs  # its own bounds: no profile, nothing spent on one
+    ex = adb.explain(f"SELECT COUNT(*) FROM {T}", epsilon=1.0)
+    assert ex.profile and ex.profile["auto"][0] == "max_rows_per_unit"
+    assert ex.profile["histograms"] == ["rows per unit"]  # COUNT reads no amount: no value histogram
+    with pytest.raises(InvalidParameter, match="declares max_rows_per_unit"):
+        adb.refine(f"SELECT COUNT(*) FROM {T}", epsilon_per_step=0.1, target_relative=0.01)
+    adb.catalog.update(T, max_rows_per_unit=10, bounds={"amount": (0, 50)})
+    assert adb.catalog.get(T).auto == ()
