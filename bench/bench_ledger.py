@@ -9,7 +9,8 @@ PostgreSQL ledger (issue 32 "Measure").
 
 Latency: a fresh ledger per (store, level, mode); `level` prior charges are written in bulk (one
 transaction of checksummed charge rows, the budget's totals and state), then `samples` charges of
-ε = 2^-20 each are timed one by one (each a durable commit: fsync in SQLite, synchronous_commit in
+ε = 2^-20 each are timed one by one, round robin over the levels (the machine's load falls on all
+levels alike; "before" runs in its own process afterwards) (each a durable commit: fsync in SQLite, synchronous_commit in
 PostgreSQL). PostgreSQL is a local server started by tests/ledger_stores.py (postgres 15, fsync on).
 
 Gateways: `--processes` processes × `--threads` clients (one ledger connection each) charge one
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,23 +73,34 @@ def fill(led: Ledger, n: int) -> None:
     led.store.transaction(fn)
 
 
-def latency(target, level: int, samples: int, full: bool) -> tuple[float, float]:
-    """(p50, p99) in ms of one charge after `level` prior charges."""
-    with Ledger(target) as led:
-        fill(led, level)
-        kept = incremental.stored
+def _p50_p99(times: list[float]) -> tuple[float, float]:
+    times = sorted(times)
+    return statistics.median(times), times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+
+
+def latencies(targets: dict[int, object], samples: dict[int, int], full: bool) -> dict[int, tuple[float, float]]:
+    """(p50, p99) in ms of one charge after `level` prior charges, for every level at once: the
+    ledgers are filled first, then charged in turn (one charge on each level, round robin), so
+    that the machine's load falls on every level alike."""
+    ledgers = {level: Ledger(t) for level, t in targets.items()}
+    times: dict[int, list[float]] = {level: [] for level in targets}
+    kept = incremental.stored
+    try:
+        for level, led in ledgers.items():
+            fill(led, level)
         if full:  # never trust the state: every charge re-reads and re-composes the whole history
             incremental.stored = lambda txn, row: None
-        try:
-            times = []
-            for i in range(samples):
-                t = time.perf_counter()
-                led.charge("a", "d", COST, f"q{i}")
-                times.append((time.perf_counter() - t) * 1000)
-        finally:
-            incremental.stored = kept
-    times.sort()
-    return statistics.median(times), times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+        for i in range(max(samples.values())):
+            for level, led in ledgers.items():
+                if i < samples[level]:
+                    t = time.perf_counter()
+                    led.charge("a", "d", COST, f"q{i}")
+                    times[level].append((time.perf_counter() - t) * 1000)
+    finally:
+        incremental.stored = kept
+        for led in ledgers.values():
+            led.close()
+    return {level: _p50_p99(ts) for level, ts in times.items()}
 
 
 BEFORE = """
@@ -125,8 +138,7 @@ def latency_before(commit: str, path: Path, level: int, samples: int) -> tuple[f
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     out = subprocess.run([sys.executable, "-c", BEFORE, str(tree), str(path), str(level), str(samples)], check=True,
                          capture_output=True, text=True, env=dict(os.environ)).stdout
-    times = json.loads(out)
-    return statistics.median(times), times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+    return _p50_p99(json.loads(out))
 
 
 def main() -> None:
@@ -143,6 +155,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=400, help="the analyst's budget in queries (gateway runs)")
     ap.add_argument("--runs", type=int, default=10)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the PostgreSQL server on kill too
     from ledger_stores import pg_available, start_pg_server, stop_pg_server
 
     tmp = Path(tempfile.mkdtemp(prefix="dpch-bench-ledger-"))
@@ -159,16 +172,21 @@ def main() -> None:
         print("| store | prior charges | incremental p50 / p99 (ms) | full recomputation p50 / p99 (ms) | "
               f"before ({args.before}) p50 / p99 (ms) |")
         print("|---|---:|---:|---:|---:|")
+        levels = [int(x) for x in args.levels.split(",")]
         k = 0
         for store in stores:
-            for level in map(int, args.levels.split(",")):
-                row = []
-                for full in (False, True):
+            result = {}
+            for full in (False, True):
+                targets = {}
+                for level in levels:
                     k += 1
-                    target = tmp / f"l{k}.sqlite" if store == "sqlite" else server.new_schema("bench")
-                    samples = args.full_samples_at_100k if full and level >= 100_000 else args.samples
-                    p50, p99 = latency(target, level, samples, full)
-                    row.append(f"{p50:.2f} / {p99:.2f}" + (f" (n={samples})" if samples != args.samples else ""))
+                    targets[level] = tmp / f"l{k}.sqlite" if store == "sqlite" else server.new_schema("bench")
+                n = {level: args.full_samples_at_100k if full and level >= 100_000 else args.samples for level in levels}
+                for level, (p50, p99) in latencies(targets, n, full).items():
+                    result.setdefault(level, []).append(
+                        f"{p50:.2f} / {p99:.2f}" + (f" (n={n[level]})" if n[level] != args.samples else ""))
+            for level in levels:
+                row = result[level]
                 if store == "sqlite" and args.before:
                     samples = args.full_samples_at_100k if level >= 100_000 else args.samples
                     k += 1
