@@ -52,7 +52,7 @@ from .catalog_model import (  # noqa: F401 - re-exported: the records moved to d
     _LENGTH_KEY_RE, length_bound_key, date_kind, date_bound_number, is_string_type, literal_sql, TableEntry,
     DistributedSpec, sharding_columns, parse_distributed_engine,
 )
-from .errors import CatalogError, DPCHError, unknown_table
+from .errors import GATEWAY, CatalogError, DPCHError, current_interface, unknown_table
 
 
 def _spec_json(entry: TableEntry) -> str:
@@ -518,6 +518,8 @@ class Catalog:
         """"does not exist" or "is not in the privacy catalog", with close names from the catalog
         and the engine (table names only; issue 31)."""
         names, exists = set(self._load()), None
+        if current_interface() == GATEWAY:  # an analyst behind the gateway learns nothing of other tables
+            return unknown_table(qualified, None, names)
         try:
             df = self.backend.query_df(TABLE_NAMES_SQL)
             names |= set(df["t"])

@@ -13,19 +13,31 @@ import contextvars
 from collections.abc import Iterable, Iterator  # not typing/dataclasses: `import dpch` stays light
 
 PYTHON, CLI, GATEWAY = "python", "cli", "gateway"
-_INTERFACE: contextvars.ContextVar[str] = contextvars.ContextVar("dpch_interface", default=PYTHON)
+_INTERFACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("dpch_interface", default=None)
+_PROCESS = [PYTHON]  # the default of this process's threads (a thread starts with an empty context)
 
 
 def current_interface() -> str:
     """The interface whose advice errors show here: "python" (default), "cli" or "gateway"."""
-    return _INTERFACE.get()
+    return _INTERFACE.get() or _PROCESS[0]
+
+
+def set_process_interface(name: str) -> None:
+    """The default interface of every thread of this process (`dpch serve`: the gateway's worker
+    threads, where no context was set)."""
+    _check_interface(name)
+    _PROCESS[0] = name
+
+
+def _check_interface(name: str) -> None:
+    if name not in (PYTHON, CLI, GATEWAY):
+        raise ValueError(f"unknown interface {name!r}")
 
 
 @contextlib.contextmanager
 def interface(name: str) -> Iterator[None]:
     """Errors rendered inside this block advise in the words of interface `name`."""
-    if name not in (PYTHON, CLI, GATEWAY):
-        raise ValueError(f"unknown interface {name!r}")
+    _check_interface(name)
     token = _INTERFACE.set(name)
     try:
         yield
@@ -104,8 +116,8 @@ class CatalogError(DPCHError):
 
 def unknown_table(qualified: str, exists: bool | None, known: Iterable[str]) -> CatalogError:
     """The error for a table that is not in the privacy catalog. `exists`: whether the engine has
-    it (None: not known, e.g. the engine could not be asked); `known`: the catalog's and the engine's
-    table names, for "did you mean". Names only: no data value is read."""
+    it (None: not known or not to be told, e.g. to a gateway analyst); `known`: the catalog's and the
+    engine's table names, for "did you mean". Names only: no data value is read."""
     import difflib  # only on this error path: `import dpch` stays light
 
     candidates = sorted(set(known) - {qualified})
@@ -120,8 +132,9 @@ def unknown_table(qualified: str, exists: bool | None, known: Iterable[str]) -> 
     mean = f" Did you mean {' or '.join(close)}?" if close else ""
     if exists is False:
         return CatalogError(f"table {qualified} does not exist.{mean}")
+    state = "exists but is" if exists else "does not exist or is"
     return CatalogError(
-        f"table {qualified} {'exists but ' if exists else ''}is not in the privacy catalog.{mean}",
+        f"table {qualified} {state} not in the privacy catalog.{mean}",
         advice=Advice(
             python=f"Register it first: db.catalog.register({qualified!r}, privacy_unit=..., bounds={{...}})",
             cli=f"Register it first: dpch catalog register {qualified} --privacy-unit COLUMN --bounds COL=LO:HI",

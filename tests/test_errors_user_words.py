@@ -113,6 +113,40 @@ def test_existing_table_not_in_the_catalog_is_told_apart(edb):
         assert str(exc) == f"{head} Ask the gateway's administrator to register it in the privacy catalog."
 
 
+def test_gateway_analyst_learns_nothing_of_tables_outside_the_catalog(edb):
+    """Behind the gateway, an existing raw table and a missing one get the same answer, and the
+    close names come from the catalog only."""
+    edb.command(f"CREATE TABLE IF NOT EXISTS {DB}.unregistered_words (x Int32) ENGINE = Memory")
+    with interface(GATEWAY):
+        texts = []
+        for name in ("unregistered_words", "unregistered_wordz"):
+            with pytest.raises(CatalogError) as info:
+                edb.catalog.get(f"{DB}.{name}")
+            texts.append(str(info.value))
+    assert texts[0] == (f"table {DB}.unregistered_words does not exist or is not in the privacy catalog. Ask the "
+                        "gateway's administrator to register it in the privacy catalog.")
+    assert texts[1] == texts[0].replace("unregistered_words", "unregistered_wordz")
+
+
+def test_gateway_threads_default_to_the_gateway():
+    """`dpch serve` sets the process default: a worker thread (empty context) advises as the gateway."""
+    import threading
+
+    from dpch import errors
+
+    seen = []
+    errors.set_process_interface(GATEWAY)
+    try:
+        thread = threading.Thread(target=lambda: seen.append(str(NoBudget("a", "d"))))
+        thread.start()
+        thread.join()
+        with interface(CLI):  # a context set explicitly still wins
+            assert "An administrator runs: dpch budget set" in str(NoBudget("a", "d"))
+    finally:
+        errors.set_process_interface(PYTHON)
+    assert "Ask the gateway's administrator" in seen[0]
+
+
 # -- a missing budget ----------------------------------------------------------------------------------
 
 def test_missing_budget_is_no_budget(tmp_path):

@@ -36,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..engine_worker import DEFAULT_SESSIONS, EngineLimits
+from ..errors import GATEWAY, interface, set_process_interface
 from ..users import UserStore
 from . import formats
 from . import limits
@@ -450,5 +451,7 @@ def serve(cfg: GatewayConfig, host: str = "127.0.0.1", port: int = 8123,
                             timeout_graceful_shutdown=15, h11_max_incomplete_event_size=lim.max_header_bytes,
                             server_header=False)
     server = uvicorn.Server(config)
-    server.run()
+    set_process_interface(GATEWAY)  # errors advise in the gateway's words, in every thread (dpch.errors)
+    with interface(GATEWAY):
+        server.run()
     return 0 if server.started else 1
