@@ -142,6 +142,20 @@ def run_histograms(backend: Engine, plan: Plan, spec: ProfileSpec) -> dict[str, 
     return out
 
 
+#: how much the rows bounding drops bias an aggregate, relative to a COUNT or SUM (which lose them
+#: outright): a mean, variance or quantile of the kept rows moves only as far as the dropped rows
+#: differ from the kept ones (exchangeable rows: not at all), so their noise dominates the choice
+BIAS_WEIGHT = {"count": 1.0, "sum": 1.0, "count_distinct": 1.0, "count_distinct_unit": 0.0}
+SECOND_ORDER_BIAS = 0.1
+
+
+def bias_weight(plan: Plan) -> float:
+    """The mean weight of the plan's aggregates (BIAS_WEIGHT, else SECOND_ORDER_BIAS): what a
+    dropped row costs in the choice of M (utility only)."""
+    ws = [BIAS_WEIGHT.get(ap.func, SECOND_ORDER_BIAS) for ap in plan.aggregates]
+    return sum(ws) / len(ws) if ws else 1.0
+
+
 def choose_value_bounds(hists: dict[str, Histogram], columns: tuple[str, ...], kept_rows_per_unit: float,
                         noise_value_at: Callable[[str, tuple[float, float]], float]
                         ) -> tuple[dict[str, tuple[float, float]], list[BoundChoice]]:
@@ -192,7 +206,7 @@ def choose_bounds(plan: Plan, hists: dict[str, Histogram], noise_rows: Callable[
         choices.append(c)
         k0 = chosen["max_groups_contributed"] = c.value
     if rows_model is not None and "max_rows_per_unit" in o.auto:
-        c = choose("max_rows_per_unit", rows_model, lambda m: noise_rows(k0, m))
+        c = choose("max_rows_per_unit", rows_model, lambda m: noise_rows(k0, m), rows_per_step=bias_weight(plan))
         choices.append(c)
         m0 = chosen["max_rows_per_unit"] = c.value
     if "max_groups_contributed" in o.auto and "max_groups_contributed" not in chosen:

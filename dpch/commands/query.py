@@ -270,9 +270,12 @@ def _parse_bounds(items: list[str]) -> dict:
     bounds = {}
     for item in items:
         col, sep, rng = item.partition("=")
+        if sep and col and rng.strip().lower() == "auto":
+            bounds[col] = "auto"  # chosen per query from the data
+            continue
         lo, sep2, hi = rng.partition(":")
         if not (sep and sep2 and col):
-            raise SystemExit(f"dpch: error: --bounds expects COL=LO:HI, got {item!r}")
+            raise SystemExit(f"dpch: error: --bounds expects COL=LO:HI or COL=auto, got {item!r}")
         bounds[col] = (_float(lo), _float(hi))
     return bounds
 
@@ -379,8 +382,8 @@ def register(subparsers) -> None:
     r.add_argument("--privacy-unit", default=None, help="privacy unit column (omit for row-level privacy)")
     r.add_argument("--neighbour", choices=["add_remove", "substitute"], default="add_remove")
     r.add_argument("--bounds", action="append", default=[], metavar="COL=LO:HI")
-    r.add_argument("--max-groups", type=int, default=1, help="max_groups_contributed (k)")
-    r.add_argument("--max-rows", type=int, default=1, help="max_rows_per_unit (M)")
+    r.add_argument("--max-groups", type=_bound, default=1, help="max_groups_contributed (k), or auto (chosen per query)")
+    r.add_argument("--max-rows", type=_bound, default=1, help="max_rows_per_unit (M), or auto (chosen per query)")
     r.add_argument("--max-rows-per-group", type=int, default=None)
     r.add_argument("--public-keys", action="append", default=[], metavar="COL=V1,V2,...")
     r.add_argument("--columns", default=None, help="comma-separated registered columns (default: all)")
@@ -399,10 +402,11 @@ def register(subparsers) -> None:
     u.add_argument("table")
     u.add_argument("--privacy-unit", default=None)
     u.add_argument("--neighbour", choices=["add_remove", "substitute"], default=None)
-    u.add_argument("--bounds", action="append", default=[], metavar="COL=LO:HI", help="set a column's bounds")
+    u.add_argument("--bounds", action="append", default=[], metavar="COL=LO:HI|COL=auto",
+                   help="set a column's bounds (auto: chosen per query from the data)")
     u.add_argument("--drop-bounds", action="append", default=[], metavar="COL", help="remove a column's bounds")
-    u.add_argument("--max-groups", type=int, default=None, help="max_groups_contributed (k)")
-    u.add_argument("--max-rows", type=int, default=None, help="max_rows_per_unit (M)")
+    u.add_argument("--max-groups", type=_bound, default=None, help="max_groups_contributed (k), or auto")
+    u.add_argument("--max-rows", type=_bound, default=None, help="max_rows_per_unit (M), or auto")
     u.add_argument("--max-rows-per-group", type=int, default=None)
     u.add_argument("--public-keys", action="append", default=[], metavar="COL=V1,V2,...")
     u.add_argument("--drop-public-keys", action="append", default=[], metavar="COL")

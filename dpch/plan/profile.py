@@ -55,8 +55,8 @@ PLATEAU_SHARE = 0.5
 #: a noisy tail count is trusted where it exceeds this many of its standard deviations
 TRUST_Z = 2.0
 #: the power law (a heavy tail: larger bounds) is preferred over the exponential only when it fits
-#: the last trusted points this much better (residual sum of squares ratio): noise alone must not
-#: turn a light tail heavy
+#: the last trusted points (three or more, spanning 4x) this much better (residual sum of squares
+#: ratio): noise alone must not turn a light tail heavy
 POWER_EVIDENCE = 2.0
 #: no bound is chosen above REACH times the first untrusted grid point: beyond it the tail is a model
 REACH = 32.0
@@ -171,9 +171,10 @@ def _fit(points: Sequence[tuple[float, float, float]], power: bool) -> tuple[flo
 def tail_model(h: Histogram) -> TailModel:
     """The tail estimate of a released histogram (post-processing): the grid points whose T_i stands
     TRUST_Z standard deviations above 0 (always the first: the number of units), then beyond the last
-    one the tail law that fits the last (up to four) of them better in log space: exponential
-    (T ∝ e^{-x/λ}, three points or more) or power law (T ∝ x^{-α}, α >= 1.5); in either case it decays
-    at least as fast as the first untrusted point allows (T there is below TRUST_Z standard deviations)."""
+    one a tail law fitted to the last (up to four) of them in log space, weighted by their noise: a
+    power law (T ∝ x^{-α}, α >= 1.5) only when it fits clearly better over three points spanning 4x
+    (POWER_EVIDENCE), else the exponential (T ∝ e^{-x/λ}); in either case it decays at least as fast
+    as the first untrusted point allows (T there is below TRUST_Z standard deviations)."""
     tail = h.tail()
     # integer counts: #{c > x} at x = edge_i - 1 is #{c >= edge_i} = T_i (offset 1); values: offset 0
     xs = [e - h.offset for e in h.edges]
@@ -193,15 +194,18 @@ def tail_model(h: Histogram) -> TailModel:
             pts[-1] = (xs[i], pts[-1][1]) if len(pts) > 1 else pts[-1]
     if len(pts) == 1 and last > 0:
         pts.append((xs[last], pts[0][1] * (1 - 1e-9)))
-    alpha, lam = 1.5, 0.0
+    # with no evidence of a heavy tail, a light one: α = 3 (finite variance), or the exponential
+    alpha, lam = 3.0, 0.0
     if len(pts) >= 2:
-        fit = [(x, t, sds.get(x, 0.0)) for x, t in pts[-4:] if x > 0]
+        fit = [(x, t, sds.get(x, 0.0)) for x, t in pts[-5:] if x > 0]
         exp_slope, exp_rss = _fit(fit, power=False) if len(fit) >= 2 else (0.0, 0.0)
         pow_slope, pow_rss = _fit(fit, power=True) if len(fit) >= 2 else (0.0, 0.0)
-        if len(fit) >= 3 and exp_rss < POWER_EVIDENCE * pow_rss and exp_slope < 0:
-            lam = -1.0 / exp_slope
-        elif pow_slope < 0:
+        heavy = (len(fit) >= 3 and fit[-1][0] >= 3 * fit[0][0] and pow_slope < 0
+                 and POWER_EVIDENCE * pow_rss < exp_rss)
+        if heavy:  # the power law fits clearly better over a span of 4x or more
             alpha = -pow_slope
+        elif exp_slope < 0:
+            lam = -1.0 / exp_slope
     # the first untrusted point bounds the tail: T there is at most TRUST_Z sd (else it were trusted)
     if last + 1 < len(tail):
         e, t = pts[-1]
