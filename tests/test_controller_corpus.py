@@ -84,7 +84,10 @@ def test_accepted(cdb, sql, delta):
     assert meta["epsilon"] <= 1.0 + 1e-9
     assert meta["delta"] <= delta + 1e-15
     for name, info in meta["columns"].items():
-        if info["kind"] == "aggregate":
+        if info["kind"] == "aggregate" and info.get("rank_ci") is not None:
+            # a quantile (MIN/MAX are levels 0/1): a rank interval, no value interval (docs/CONTROLLER.md)
+            assert info["ci_low"] is None and "rank_ci" in info["ci_note"]
+        elif info["kind"] == "aggregate":
             assert len(info["ci_low"]) == len(df)
             assert all(lo <= hi for lo, hi in zip(info["ci_low"], info["ci_high"]))
             assert set(info["mechanism"].split("+")) <= {"laplace", "gaussian", "exponential", "optimal_selection"}
