@@ -62,8 +62,8 @@ import dpch
 from dpch.demo import REGIONS, create_purchases
 db = dpch.connect(sys.argv[1], analyst="admin")
 create_purchases(db, rows=20000)
-db.catalog.register("demo.purchases", privacy_unit="user_id", bounds={"amount": (0, 500), "age": (18, 100)},
-                    max_groups_contributed=1, max_rows_per_unit=10, public_keys={"region": REGIONS})
+db.catalog.register("demo.purchases", privacy_unit="user_id", bounds={"amount": (0, 610), "age": (18, 100)},
+                    max_groups_contributed=1, max_rows_per_unit=24, public_keys={"region": REGIONS})
 db.command("CREATE TABLE demo.dim (region String, k UInt32) ENGINE = MergeTree ORDER BY k")
 db.command(f"INSERT INTO demo.dim SELECT '{REGIONS[0]}' AS region, number AS k FROM numbers({sys.argv[2]})")
 db.catalog.register("demo.dim", public=True)
