@@ -552,3 +552,22 @@ def test_ptr_request(server):
         assert r.status_code == 400 and word in r.text, r.text
     r = httpx.post(server.url + "/dpch/ptr", json=body, auth=("alice", "wrong"), timeout=60)
     assert r.status_code == 403 and r.headers["X-ClickHouse-Exception-Code"] == "516", r.text
+
+
+def test_auto_bounds_and_bias_headers(server):
+    """Issue 29 through the gateway: 'auto' bounds and the bias share as settings, the chosen bounds
+    and the noisy shares in X-DPCH-* headers (never in the body), one charge of the requested ε."""
+    sql = "SELECT region, COUNT(*) AS n FROM demo.purchases GROUP BY region FORMAT JSONEachRow"
+    r = q(server, sql, dpch_epsilon="0.5", dpch_max_rows_per_unit="auto", dpch_max_groups_contributed="auto",
+          dpch_bias_share="0.05")
+    assert r.status_code == 200, r.text
+    assert float(r.headers["X-DPCH-Epsilon"]) == pytest.approx(0.5, rel=1e-12)
+    assert "max_rows_per_unit=" in r.headers["X-DPCH-Bounds"]
+    for h in ("X-DPCH-Bias-Units-Cut", "X-DPCH-Bias-Values-Clipped", "X-DPCH-Bias-Rows-Dropped"):
+        assert 0.0 <= float(r.headers[h]) <= 1.0
+    assert {json.loads(line)["region"] for line in r.text.splitlines()} == {"north", "south", "east", "west", "centre"}
+    assert "bias" not in r.text
+    r = q(server, "SELECT SUM(amount) AS s FROM demo.purchases", dpch_epsilon="0.5", dpch_bounds="auto")
+    assert r.status_code == 200 and "bounds[amount]=" in r.headers["X-DPCH-Bounds"], r.text
+    bad = q(server, "SELECT COUNT(*) FROM demo.purchases", dpch_epsilon="0.5", dpch_max_rows_per_unit="lots")
+    assert bad.status_code != 200 and "integer in [1, 1000000] or auto" in bad.text
