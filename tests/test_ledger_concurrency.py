@@ -19,6 +19,7 @@ from dpch.cost import MechanismCost, PrivacyCost
 from dpch.errors import LedgerError
 from dpch.ledger import Ledger
 from dpch.ledger.sqlite_store import SQLiteLedgerStore
+from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -220,9 +221,9 @@ def _start(code: str, *args, env_extra: dict | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_processes_handles_readers_lose_no_charge(tmp_path):
+def test_processes_handles_readers_lose_no_charge(tmp_path, ledger_target):
     writers_n, handles_n, charges_n, readers_n = 4, 3, 120, 2
-    path = tmp_path / "ledger.sqlite"
+    path = ledger_target
     done = tmp_path / "done"
     done.mkdir()
     with Ledger(path) as led:
@@ -317,8 +318,8 @@ def test_kill_9_of_random_writers_loses_no_reported_charge(tmp_path):
 # Backups and the event chain
 # ---------------------------------------------------------------------------------------------
 
-def test_backup_while_charging_is_a_consistent_ledger(tmp_path):
-    path = tmp_path / "ledger.sqlite"
+def test_backup_while_charging_is_a_consistent_ledger(tmp_path, ledger_target):
+    path = ledger_target
     done = tmp_path / "done"
     done.mkdir()
     with Ledger(path) as led:
