@@ -1,7 +1,7 @@
 """`dpch serve`: run the DP gateway (ClickHouse HTTP interface) in the foreground; logs to stderr.
 
     dpch serve [--data-dir DIR] [--host 127.0.0.1] [--port 8123]
-               [--backend URL --backend-user U --backend-password-file F]
+               [--backend URL --backend-user U --backend-password-file F] [--ledger PATH|postgresql://…]
                [--tcp-port 9000 [--tcp-idle-timeout S]]
                [--max-execution-time S --max-memory-usage B --max-rows-to-read N
                 --max-result-rows N --max-bytes-to-read B] [--engine-sessions N] [--unconfined]
