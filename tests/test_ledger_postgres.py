@@ -326,3 +326,13 @@ def test_two_gateways_on_one_ledger_answer_exactly_the_budget(pg_server, tmp_pat
     finally:
         for g in gateways:
             g.stop()
+
+
+def test_dpch_ledger_environment_variable_may_name_a_postgresql_ledger(pg_server, monkeypatch):
+    url = pg_server.new_schema()
+    monkeypatch.setenv("DPCH_LEDGER", url)
+    with Ledger() as led:
+        assert isinstance(led.store, PostgresLedgerStore) and led.path == redact(url)
+        led.set_budget("alice", "sales", 1.0)
+    with Ledger(url, create=False) as led:
+        assert led.get_budget("alice", "sales").epsilon == 1.0
