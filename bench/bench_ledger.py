@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -167,7 +168,8 @@ def main() -> None:
             print(f"PostgreSQL skipped: {reason}")
             stores.remove("postgresql")
         else:
-            server = start_pg_server(Path(tempfile.mkdtemp(prefix="dpch-bench-pg-")), "bench")
+            pg_dir = Path(tempfile.mkdtemp(prefix="dpch-bench-pg-"))
+            server = start_pg_server(pg_dir, "bench")
     try:
         print("| store | prior charges | incremental p50 / p99 (ms) | full recomputation p50 / p99 (ms) | "
               f"before ({args.before}) p50 / p99 (ms) |")
@@ -215,6 +217,8 @@ def main() -> None:
     finally:
         if server is not None:
             stop_pg_server(server)
+            shutil.rmtree(pg_dir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
