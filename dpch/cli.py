@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "block": ("block", "Block-DP I/II mean or median of a column (thesis §5.4, corrected)"),
     "refine": ("refine", "early stopping: refine a noisy COUNT/SUM until its interval is narrow enough "
                          "(charged for the steps run, ODP Lemma 11)"),
+    "tune": ("tune", "choose contribution bounds for a workload (spends a small declared ε)"),
 }
 
 
