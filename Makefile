@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install system-deps demo test fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench bench-auto-bounds clean
+.PHONY: install system-deps demo test test-quick fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench bench-auto-bounds clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -38,10 +38,17 @@ system-deps:
 	  else echo "note:$$missing not installed (needs root and apt-get); the tests that need them skip"; fi; \
 	fi
 
-# lint-imports: the layer contracts of pyproject.toml (docs/ARCHITECTURE.md); a violation fails first
+# lint-imports: the layer contracts of pyproject.toml (docs/ARCHITECTURE.md); a violation fails first.
+# Every test, on one worker per core (pytest-xdist); a module stays on one worker (its fixtures are
+# built once) and the longest modules start first (tests/conftest.py).
+PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
 test: install system-deps
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL)
+
+# The edit loop (a few minutes): the tests marked `quick` (tests/conftest.py); CI runs `make test`.
+test-quick: install
+	$(VPY) -m pytest -q -m quick $(PYTEST_PARALLEL)
 
 # Generative D/D' test of the join grammar (issue 26), much longer than in make test and with fresh
 # randomness: FUZZ_EXAMPLES random schemas of up to 12 queries each (about 6 on average); every
