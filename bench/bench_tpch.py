@@ -12,7 +12,11 @@ Per query: answered or rejected (with the QueryRejected message); the median rel
 counts as 1), each the median over --repeats runs; and the DP/plain wall-time ratio of the medians,
 measured side by side (alternating, after one warm-up each).
 
-    python3 bench/bench_tpch.py --sf 1 [--repeats 5] [--queries Q1,Q5] [--epsilon 1.0] [--out FILE.json]
+With ``--bounds auto`` the query's declared k and M are replaced by ``"auto"`` (db.query chooses them
+from the data with a share of ε, dpch/plan/profile.py); the chosen values of every run are recorded
+(``chosen``: median and range per bound) and shown beside the errors.
+
+    python3 bench/bench_tpch.py --sf 1 [--repeats 5] [--queries Q1,Q5] [--epsilon 1.0] [--bounds auto] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ from tpch import schema  # noqa: E402
 from tpch.queries import BY_NAME, QUERIES, R2T_PUBLISHED  # noqa: E402
 
 CONTRIBUTION_OPTIONS = ("max_groups_contributed", "max_rows_per_unit", "max_rows_per_group")
+#: the bounds --bounds auto leaves to db.query (chosen privately from the data)
+AUTO_OPTIONS = ("max_rows_per_unit", "max_groups_contributed")
 TARGET_ERROR = 0.05
 TARGET_RATIO = 3.0
 
@@ -130,8 +136,23 @@ def _median_or_none(values):
 
 
 # -- one query --------------------------------------------------------------------------------------
-def run_query(db, q, *, epsilon: float, repeats: int, min_units: int, fields) -> dict:
+def _chosen(df) -> dict:
+    """{bound name: value} chosen by db.query's auto step for this answer (empty if none ran)."""
+    return {c["name"]: c["value"] for c in (df.attrs.get("bias") or {}).get("choices", [])}
+
+
+def _chosen_summary(runs: list[dict]) -> dict:
+    """Per bound: the median and range of the values chosen over the runs."""
+    names = sorted({n for r in runs for n in r if isinstance(r[n], (int, float))})
+    return {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": len(v)}
+            for n in names for v in [[r[n] for r in runs if n in r]]}
+
+
+def run_query(db, q, *, epsilon: float, repeats: int, min_units: int, fields, bounds: str = "declared") -> dict:
     contribution = {k: v for k, v in q.contribution.items() if k in fields}
+    if bounds == "auto":
+        contribution = {**{k: v for k, v in contribution.items() if k not in AUTO_OPTIONS},
+                        **{k: "auto" for k in AUTO_OPTIONS if k in fields}}
     options = {**q.options, **contribution}
     res = {"query": q.name, "sql": q.sql.strip(), "rewrite": q.rewrite, "options_used": sorted(options),
            "options_requested": sorted({**q.options, **q.contribution}),
@@ -153,7 +174,7 @@ def run_query(db, q, *, epsilon: float, repeats: int, min_units: int, fields) ->
     except Exception as exc:  # noqa: BLE001 - reported, not fatal: the other queries still run
         res.update(status="error", message=f"{type(exc).__name__}: {exc}")
         return res
-    t_plain, t_dp, errs = [], [], []
+    t_plain, t_dp, errs, chosen = [], [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         db.raw_query(q.plain_sql)
@@ -163,11 +184,13 @@ def run_query(db, q, *, epsilon: float, repeats: int, min_units: int, fields) ->
         t_plain.append(t1 - t0)
         t_dp.append(t2 - t1)
         errs.append(relative_errors(dp, exact, q.keys, units, min_units))
+        chosen.append(_chosen(dp))
     mp, md = statistics.median(t_plain), statistics.median(t_dp)
     res.update(status="answered", epsilon_spent=dp.attrs.get("epsilon_spent"),
                plain_s=mp, dp_s=md, ratio=md / mp, plain_times=t_plain, dp_times=t_dp,
                error_big=_median_or_none([e["big"] for e in errs]),
                error_all=_median_or_none([e["all"] for e in errs]),
+               chosen=_chosen_summary(chosen), chosen_runs=chosen,
                error_runs=[{"big": e["big"], "all": e["all"], "zero_exact_cells": e["zero_exact_cells"]} for e in errs],
                last_cells=errs[-1]["cells"],
                exact=exact.astype(str).to_dict("records"), last_dp=dp.astype(str).to_dict("records"))
@@ -175,6 +198,16 @@ def run_query(db, q, *, epsilon: float, repeats: int, min_units: int, fields) ->
 
 
 # -- report -----------------------------------------------------------------------------------------
+def _chosen_cell(r) -> str:
+    """The auto-chosen bounds of a query, "M 64 [45–91], k 1" (median [range] over the runs)."""
+    parts = []
+    for name, c in (r.get("chosen") or {}).items():
+        short = SHORT.get(name, name)
+        rng = "" if c["min"] == c["max"] else f" [{c['min']:g}–{c['max']:g}]"
+        parts.append(f"{short} {c['median']:g}{rng}")
+    return ", ".join(parts) or "–"
+
+
 def _pct(x):
     return "–" if x is None else f"{100 * x:.2f} %" if x >= 1e-3 else f"{100 * x:.1g} %"
 
@@ -212,13 +245,15 @@ def summarize(results: list[dict], n_queries: int) -> dict:
     }
 
 
-def markdown(results: list[dict], summary: dict, min_units: int, sf: str) -> str:
+def markdown(results: list[dict], summary: dict, min_units: int, sf: str, bounds: str = "declared") -> str:
     lines = [(f"| query | status | groups (≥ {min_units} customers) | error, groups ≥ {min_units} customers "
              "| error, all groups | plain s | DP s | DP/plain | k, M, C applied | per-query options |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = r.get("bounding") or {}
         kmc = f"{b.get('k')}, {b.get('max_rows')}, {b.get('rows_per_group')}" if b else "–"
+        if r.get("chosen"):  # explain shows the catalog's bounds before the auto step replaces them
+            kmc = f"auto: {_chosen_cell(r)}"
         opts = _options_cell(r)
         if r["status"] == "answered":
             lines.append(f"| {r['query']} | answered | {r['exact_groups']} ({r['groups_with_min_units']}) | "
@@ -238,14 +273,16 @@ def markdown(results: list[dict], summary: dict, min_units: int, sf: str) -> str
     # R2T published SF 1 ("scale _3") numbers only
     r2t = [r for r in results if r["query"] in R2T_PUBLISHED and r["status"] == "answered" and float(sf) == 1]
     if r2t:
+        auto = bounds == "auto"
         lines += ["", ("| query | exact answer | DPCH: median relative error | R2T (published): relative error "
-                  "| DPCH DP s | R2T s (their machine) |"), "|---|---|---|---|---|---|"]
+                  "| DPCH DP s | R2T s (their machine) |" + (" DPCH chosen M, k: median [range] |" if auto else "")),
+                  "|---|---|---|---|---|---|" + ("---|" if auto else "")]
         for r in r2t:
             pub = R2T_PUBLISHED[r["query"]]
             exact = float(next(iter(r["exact"][0].values())))
             lines.append(f"| {r['query']} | {exact:,.0f} | {_pct(r['error_all'])} | "
                          f"{_pct(pub['abs_error'] / pub['true'])} (true {pub['true']:,.0f}) | {r['dp_s']:.3f} | "
-                         f"{pub['seconds']:.2f} |")
+                         f"{pub['seconds']:.2f} |" + (f" {_chosen_cell(r)} |" if auto else ""))
     return "\n".join(lines)
 
 
@@ -264,6 +301,9 @@ def main(argv=None) -> int:
     ap.add_argument("--emulate-bounds", action="store_true",
                     help="a query's contribution bounds that db.query does not accept yet are set in the catalog "
                          "(orders and lineitem) for that query only")
+    ap.add_argument("--bounds", choices=("declared", "auto"), default="declared",
+                    help="declared: each query's own k/M (else the catalog's); auto: k and M chosen by db.query "
+                         "from the data with a share of ε (max_rows_per_unit/max_groups_contributed='auto')")
     ap.add_argument("--setup-only", action="store_true", help="generate, load and register, run no query")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
     ap.add_argument("--markdown", default=None, help="write the table here (Markdown)")
@@ -301,7 +341,7 @@ def main(argv=None) -> int:
                 schema.register(db, emulated)
             try:
                 r = run_query(db, q, epsilon=args.epsilon, repeats=args.repeats,
-                              min_units=args.min_units, fields=fields)
+                              min_units=args.min_units, fields=fields, bounds=args.bounds)
             finally:
                 if emulated:
                     schema.register(db)
@@ -309,16 +349,17 @@ def main(argv=None) -> int:
             results.append(r)
             extra = (f"error≥{args.min_units} {_pct(r['error_big'])}, all {_pct(r['error_all'])}, "
                      f"DP/plain {r['ratio']:.2f} ({r['dp_s']:.3f}/{r['plain_s']:.3f} s)"
+                     + (f", chosen {_chosen_cell(r)}" if args.bounds == "auto" else "")
                      if r["status"] == "answered" else r["message"])
             print(f"{name}: {r['status']}: {extra}", flush=True)
         version = db.raw_query("SELECT version() AS v")["v"][0]
     finally:
         db.close()
     summary = summarize(results, len(names))
-    table = markdown(results, summary, args.min_units, args.sf)
+    table = markdown(results, summary, args.min_units, args.sf, args.bounds)
     print(table)
     out = {"sf": args.sf, "epsilon": args.epsilon, "repeats": args.repeats, "min_units": args.min_units,
-           "emulate_bounds": args.emulate_bounds,
+           "emulate_bounds": args.emulate_bounds, "bounds": args.bounds,
            "types": args.types, "generation": gen, "load": loaded, "register_s": round(register_s, 2),
            "query_option_fields": list(fields), "clickhouse": version,
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg": os.getloadavg()},
