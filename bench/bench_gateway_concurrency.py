@@ -12,7 +12,10 @@ Light: ``SELECT region, COUNT(*) GROUP BY region`` over ``bench.light`` (20 000 
 ``SELECT region, SUM(amount), AVG(amount) GROUP BY region`` over ``bench.heavy`` (``--heavy-rows``,
 default 2 M rows, 200 000 users). ε = 0.001 each, budgets large.
 
-    .venv/bin/python bench/bench_gateway_concurrency.py [--seconds 20] [--heavy-rows 2000000] [--sessions 4]
+    .venv/bin/python bench/bench_gateway_concurrency.py [--seconds 20] [--heavy-rows 2000000] [--sessions 4,1]
+
+``--sessions 4,1`` (default) runs every phase on a gateway with 4 engine sessions, then on one with 1
+(the one-engine-thread gateway of before), in one run: the ratios side by side under the same load.
 """
 from __future__ import annotations
 
@@ -98,6 +101,7 @@ def closed_loop(url: str, users: list[str], seconds: float, heavy: bool) -> dict
     stop = time.perf_counter() + seconds
     lat: list[float] = []
     heavy_lat: list[float] = []
+    heavy_refused: list[int] = []
     pings: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -115,8 +119,12 @@ def closed_loop(url: str, users: list[str], seconds: float, heavy: bool) -> dict
         t0 = time.perf_counter()
         r = httpx.post(url, params=PARAMS, content=HEAVY, auth=("heavy", "heavy-password"), timeout=120)
         with lock:
-            (heavy_lat.append((time.perf_counter() - t0) * 1e3) if r.status_code == 200
-             else errors.append("heavy: " + r.text[:120]))
+            if r.status_code == 200:
+                heavy_lat.append((time.perf_counter() - t0) * 1e3)
+            elif r.headers.get("X-ClickHouse-Exception-Code") == "202":  # the heavy user's cap
+                heavy_refused.append(1)
+            else:
+                errors.append("heavy: " + r.text[:120])
 
     def heavy_sender():
         started = []
@@ -148,43 +156,53 @@ def closed_loop(url: str, users: list[str], seconds: float, heavy: bool) -> dict
         t.join()
     wall = time.perf_counter() - t0
     return {"n": len(lat), "qps": len(lat) / seconds, "p50": pct(lat, 50), "p99": pct(lat, 99),
-            "ping_p99": pct(pings, 99), "heavy_n": len(heavy_lat),
+            "ping_p99": pct(pings, 99), "heavy_n": len(heavy_lat), "heavy_refused": len(heavy_refused),
             "heavy_p50": statistics.median(heavy_lat) if heavy_lat else float("nan"), "errors": errors[:3],
             "n_errors": len(errors), "wall": wall}
+
+
+def run_phases(d: Path, users: list[str], sessions: int, seconds: float, heavy_cap: int | None) -> None:
+    cap = () if heavy_cap is None else ("--max-concurrent-queries-for-user", f"heavy={heavy_cap}")
+    proc, url = start_gateway(d, "--engine-sessions", str(sessions), *cap)
+    label = f"{sessions}" + ("" if heavy_cap is None else f", heavy user capped at {heavy_cap}")
+    try:
+        for u in users + ["heavy"]:  # warm: first queries import the planner, make probe tables, fill caches
+            for sql in (LIGHT, HEAVY) if u == "heavy" else (LIGHT,):
+                httpx.post(url, params=PARAMS, content=sql, auth=(u, f"{u}-password"), timeout=120).raise_for_status()
+        res = {}
+        for name, n, heavy in (("1 client", 1, False), ("8 clients", 8, False), ("32 clients", 32, False),
+                               ("32 clients + 1 heavy/s", 32, True)):
+            r = closed_loop(url, users[:n], seconds, heavy)
+            res[name] = r
+            hv = f"{r['heavy_n']} ({r['heavy_p50']:.0f})" + (f", {r['heavy_refused']} refused (202)"
+                                                              if r["heavy_refused"] else "") if heavy else "-"
+            print(f"| {label} | {name} | {r['qps']:.1f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['ping_p99']:.1f} | "
+                  f"{hv} | {r['n_errors']} |" + (f" {r['errors']}" if r["errors"] else ""), flush=True)
+        a, b = res["32 clients"], res["32 clients + 1 heavy/s"]
+        print(f"| {label} | loaded / unloaded (32 clients) | | {b['p50'] / a['p50']:.2f}x | {b['p99'] / a['p99']:.2f}x "
+              f"| | | |", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--heavy-rows", type=int, default=2_000_000)
-    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--sessions", default="4,1", help="engine sessions, comma-separated: one gateway each, in turn")
+    ap.add_argument("--heavy-cap", type=int, default=None,
+                    help="--max-concurrent-queries-for-user heavy=N on the gateway (the heavy user's cap)")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="dpch_bench_gwc_"))
     users = build(d, args.heavy_rows)[:N_USERS]
-    proc, url = start_gateway(d, "--engine-sessions", str(args.sessions))
-    try:
-        for u in users + ["heavy"]:  # warm: first queries import the planner, make probe tables, fill caches
-            for sql in (LIGHT, HEAVY) if u == "heavy" else (LIGHT,):
-                httpx.post(url, params=PARAMS, content=sql, auth=(u, f"{u}-password"), timeout=120).raise_for_status()
-        print(f"load: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores, shared with other agents)")
-        print(f"engine sessions {args.sessions}, {args.seconds:g} s per phase, heavy table {args.heavy_rows} rows\n")
-        print("| phase | light q/s | light p50 ms | light p99 ms | /ping p99 ms | heavy done (p50 ms) | errors |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
-        res = {}
-        for name, n, heavy in (("1 client", 1, False), ("8 clients", 8, False), ("32 clients", 32, False),
-                               ("32 clients + 1 heavy/s", 32, True)):
-            r = closed_loop(url, users[:n], args.seconds, heavy)
-            res[name] = r
-            hv = f"{r['heavy_n']} ({r['heavy_p50']:.0f})" if heavy else "-"
-            print(f"| {name} | {r['qps']:.1f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['ping_p99']:.1f} | {hv} | "
-                  f"{r['n_errors']} |" + (f" {r['errors']}" if r["errors"] else ""))
-        a, b = res["32 clients"], res["32 clients + 1 heavy/s"]
-        print(f"\nloaded/unloaded (32 clients): p50 {b['p50'] / a['p50']:.2f}x, p99 {b['p99'] / a['p99']:.2f}x "
-              f"(goal p99 <= 3x)")
-        print(f"load after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    print(f"load: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (2 cores, shared with other agents)")
+    print(f"{args.seconds:g} s per phase, heavy table {args.heavy_rows} rows\n")
+    print("| engine sessions | phase | light q/s | light p50 ms | light p99 ms | /ping p99 ms | heavy done (p50 ms) "
+          "| errors |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for sessions in [int(x) for x in args.sessions.split(",")]:
+        run_phases(d, users, sessions, args.seconds, args.heavy_cap)
+    print(f"load after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 
 

@@ -42,6 +42,13 @@ QUERIES = {
     "AVG": ("SELECT region, AVG(amount) AS a FROM bench.small GROUP BY region",
             "SELECT region, avg(amount) AS a FROM bench.small GROUP BY region"),
 }
+# the per-unit floor (docs/PERFORMANCE.md): the same answer's per-unit pre-aggregation and GROUP BY,
+# no DP: what any user-level bounding must at least compute
+_UNITS = ("SELECT user_id, any(region) AS region, least(count(), 10) AS c, sum(least(greatest(amount, 0), 500)) AS s "
+          "FROM bench.small GROUP BY user_id")
+FLOORS = {"COUNT": f"SELECT region, sum(c) AS n FROM ({_UNITS}) GROUP BY region",
+          "SUM": f"SELECT region, sum(s) AS s FROM ({_UNITS}) GROUP BY region",
+          "AVG": f"SELECT region, sum(s) / sum(c) AS a FROM ({_UNITS}) GROUP BY region"}
 EPS = 0.01
 
 
@@ -68,8 +75,10 @@ def p(xs, q):
     return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
 
 
-def stage_table(db, sql: str, reps: int, cold: bool) -> dict[str, float]:
-    """Median ms of each stage of run_query for ``sql`` (as dpch.controller.run_query calls them)."""
+def stage_table(db, name: str, reps: int, cold: bool) -> dict[str, float]:
+    """Median ms of each stage of run_query for query ``name`` (as dpch.controller.run_query calls
+    them), and for comparison the plain query and its EXPLAIN PIPELINE."""
+    sql, plain = QUERIES[name]
     from dpch import plan_cache
     from dpch.controller import _ledger_of, prepare
     from dpch.execute import execute
@@ -102,6 +111,10 @@ def stage_table(db, sql: str, reps: int, cold: bool) -> dict[str, float]:
         t6 = time.perf_counter()
         postprocess(df, pr.plan, pr.rewritten, receipt=receipt, controller_ms=pr.controller_ms)
         t7 = time.perf_counter()
+        db.backend.query_df(f"EXPLAIN PIPELINE {plain}")
+        t8 = time.perf_counter()
+        db.backend.query_df(plain)
+        t9 = time.perf_counter()
         if i < 5:
             continue
         for k, v in pr.timings_ms.items():
@@ -112,25 +125,40 @@ def stage_table(db, sql: str, reps: int, cold: bool) -> dict[str, float]:
         add("engine: analysis + planning (EXPLAIN PIPELINE)", t4 - t3)
         add("engine: full rewritten query", t5 - t4)
         add("post-processing", t7 - t6)
+        add("(plain query: EXPLAIN PIPELINE)", t8 - t7)
+        add("(plain query: run)", t9 - t8)
     return {k: statistics.median(v) for k, v in stages.items()}
 
 
-def paired(run_plain, run_dp, reps: int) -> dict[str, tuple[float, float, float, float]]:
-    """Per query: (plain p50, DP p50, plain p99, DP p99) in ms, the two interleaved, 5 warm-ups."""
+def paired(run_plain, run_dp, reps: int) -> dict[str, tuple[float, ...]]:
+    """Per query: (plain p50, DP p50, plain p99, DP p99, floor p50) in ms; plain, floor (by
+    ``run_plain``) and DP interleaved, 5 warm-ups."""
     out = {}
     for name, (dp_sql, plain_sql) in QUERIES.items():
-        dp_t, plain_t = [], []
+        dp_t, plain_t, floor_t = [], [], []
         for i in range(reps + 5):
             t0 = time.perf_counter()
             run_plain(plain_sql)
             t1 = time.perf_counter()
-            run_dp(dp_sql)
+            run_plain(FLOORS[name])
             t2 = time.perf_counter()
+            run_dp(dp_sql)
+            t3 = time.perf_counter()
             if i >= 5:
                 plain_t.append((t1 - t0) * 1e3)
-                dp_t.append((t2 - t1) * 1e3)
-        out[name] = (statistics.median(plain_t), statistics.median(dp_t), p(plain_t, 99), p(dp_t, 99))
+                floor_t.append((t2 - t1) * 1e3)
+                dp_t.append((t3 - t2) * 1e3)
+        out[name] = (statistics.median(plain_t), statistics.median(dp_t), p(plain_t, 99), p(dp_t, 99),
+                     statistics.median(floor_t))
     return out
+
+
+def show(title: str, lat: dict) -> None:
+    print(f"{title}\n| query | plain p50 | floor p50 | DP p50 | DP - plain | DP - floor | DP / plain | DP / floor "
+          "| plain p99 | DP p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (pl, dp, pl99, dp99, fl) in lat.items():
+        print(f"| {name} | {pl:.1f} | {fl:.1f} | {dp:.1f} | {dp - pl:.1f} | {dp - fl:.1f} | {dp / pl:.2f} | "
+              f"{dp / fl:.2f} | {pl99:.1f} | {dp99:.1f} |")
 
 
 def gateway_latency(local_db, data_dir: Path, reps: int) -> dict[str, tuple[float, float]]:
@@ -166,7 +194,7 @@ def main() -> int:
     print(f"{args.rows} rows, 100k users, 8 public regions, ε={EPS}, {args.reps} repetitions, medians (ms)\n")
     try:
         for cold in ([False, True] if args.cold else [False]):
-            rows = {name: stage_table(db, QUERIES[name][0], args.reps, cold) for name in QUERIES}
+            rows = {name: stage_table(db, name, args.reps, cold) for name in QUERIES}
             print(f"stages ({'plan cache emptied each time' if cold else 'repeated query, caches warm'}):")
             names = list(next(iter(rows.values())))
             print(f"| stage | {' | '.join(QUERIES)} |\n|---|{'---:|' * len(QUERIES)}")
@@ -174,16 +202,10 @@ def main() -> int:
                 print(f"| {k} | " + " | ".join(f"{rows[q][k]:.2f}" for q in QUERIES) + " |")
             print()
         lat = paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), args.reps)
-        print("in process: plain p50, DP p50, DP - plain (p99 plain, p99 DP)")
-        for name, (pl, dp, pl99, dp99) in lat.items():
-            print(f"  {name:5} plain {pl:7.2f}  DP {dp:7.2f}  DP-plain {dp - pl:6.2f}  ratio {dp / pl:5.2f}  "
-                  f"(p99 {pl99:.2f} / {dp99:.2f})")
+        show("in process (db.query vs db.raw_query), ms:", lat)
         if args.gateway:
-            gw = gateway_latency(db, dirs[0], args.reps)
-            print("through the gateway (DP over HTTP) vs plain in process:")
-            for name, (pl, dp, pl99, dp99) in gw.items():
-                print(f"  {name:5} plain {pl:7.2f}  DP {dp:7.2f}  DP-plain {dp - pl:6.2f}  ratio {dp / pl:5.2f}  "
-                      f"(p99 {pl99:.2f} / {dp99:.2f})")
+            show("\nthrough the gateway (DP over HTTP, TabSeparated) vs plain and floor in process, ms:",
+                 gateway_latency(db, dirs[0], args.reps))
     finally:
         db.close()
     print(f"load after: {os.getloadavg()[0]:.1f}")
