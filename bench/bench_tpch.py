@@ -142,9 +142,10 @@ def _chosen(df) -> dict:
 
 
 def _chosen_summary(runs: list[dict]) -> dict:
-    """Per bound: the median and range of the values chosen over the runs."""
+    """Per bound: the median (the lower one of an even count: a value some run chose) and range of
+    the values chosen over the runs."""
     names = sorted({n for r in runs for n in r if isinstance(r[n], (int, float))})
-    return {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": len(v)}
+    return {n: {"median": statistics.median_low(v), "min": min(v), "max": max(v), "runs": len(v)}
             for n in names for v in [[r[n] for r in runs if n in r]]}
 
 
