@@ -89,7 +89,7 @@ class Prepared:
 
 
 def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, precheck: bool = False,
-            profile: bool = False, **options) -> Prepared:
+            profile: bool = False, cache: bool = True, **options) -> Prepared:
     """parse → budget precheck → bind → total → plan → rewrite. Raises QueryRejected /
     InvalidParameter / BudgetExceeded; charges nothing and reads no row: the engine is asked only
     for the catalog (usually cached) and for the types of the query's expressions (a DESCRIBE,
@@ -98,14 +98,16 @@ def prepare(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, preche
     the query reads (DESIGN.md invariant 10). Every path that charges afterwards passes True (run_query,
     run_query_formatted, propose-test-release); inspection (explain, the audit, tests) does not. ``tree``:
     ``sql`` already parsed (dpch.parse.parse). ``profile``: the caller runs the unit profile (bounds
-    'auto', bias_share; dpch.unit_profile) as run_query does; other release paths refuse those options."""
+    'auto', bias_share; dpch.unit_profile) as run_query does; other release paths refuse those options.
+    ``cache``: False prepares afresh, bypassing dpch.plan_cache (the audit: it examines the mechanism
+    as it stands now)."""
     t0 = time.perf_counter()
     opts = QueryOptions.from_kwargs(options)
     if not profile and opts.profile_share > 0:
         raise InvalidParameter("bounds 'auto' and bias_share are answered by db.query / the gateway's SELECT only; "
                                "give fixed bounds here (choose them with db.tune or a query with 'auto')")
     eps, dlt = check_budget_args(epsilon, delta)
-    key = plan_cache.key_for(conn, sql, tree, eps, dlt, opts, profile)
+    key = plan_cache.key_for(conn, sql, tree, eps, dlt, opts, profile) if cache else None
     if (hit := plan_cache.get(key)) is not None:  # same analyst, query, catalog state, ε, δ, options
         if precheck:
             _precheck_budget(conn, hit.parsed, eps, dlt)

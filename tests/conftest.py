@@ -59,3 +59,13 @@ def pytest_collection_modifyitems(config, items):
     # longest first (kept by --no-loadscope-reorder); sorted() keeps each module's own order
     order = sorted(modules.values(), key=lambda m: (not any(i.get_closest_marker("slow") for i in m), -len(m)))
     items[:] = [i for module in order for i in module]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_cache():
+    """Tests monkeypatch calibrations and rebuild catalogs: a plan that an earlier test prepared
+    (dpch.plan_cache) must not answer for a later one."""
+    from dpch import plan_cache
+
+    plan_cache.clear()
+    yield

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import pickle
 import subprocess
 import sys
@@ -92,7 +94,10 @@ def test_uniq_is_no_longer_reported_as_approx_distinct(edb):
 def test_misspelled_table_does_not_exist_with_close_matches(edb):
     with pytest.raises(QueryRejected) as info:
         edb.query(f"SELECT COUNT(*) FROM {DB}.purchses", epsilon=1.0)
-    assert str(info.value) == f"table {DB}.purchses does not exist. Did you mean {DB}.purchases?"
+    # other modules' tables may share the session store (xdist runs whole modules per worker): the
+    # close matches may name more than ours, ours first
+    msg = str(info.value)
+    assert msg.startswith(f"table {DB}.purchses does not exist. Did you mean {DB}.purchases") and msg.endswith("?")
     with pytest.raises(CatalogError) as info:
         edb.catalog.get(f"{DB}.zzzz_nothing_like_it")
     assert str(info.value) == f"table {DB}.zzzz_nothing_like_it does not exist."
@@ -104,13 +109,16 @@ def test_existing_table_not_in_the_catalog_is_told_apart(edb):
         edb.catalog.get(f"{DB}.unregistered_words")
     exc = info.value
     head = f"table {DB}.unregistered_words exists but is not in the privacy catalog."
-    assert str(exc) == (f"{head} Register it first: db.catalog.register('{DB}.unregistered_words', "
-                        "privacy_unit=..., bounds={...})")
+    # a registered table with a close name (another module's, in a shared store) may be suggested
+    assert re.sub(r" Did you mean [^?]+\?", "", str(exc)) == (
+        f"{head} Register it first: db.catalog.register('{DB}.unregistered_words', privacy_unit=..., bounds={{...}})")
     with interface(CLI):
-        assert str(exc) == (f"{head} Register it first: dpch catalog register {DB}.unregistered_words "
-                            "--privacy-unit COLUMN --bounds COL=LO:HI")
+        assert re.sub(r" Did you mean [^?]+\?", "", str(exc)) == (
+            f"{head} Register it first: dpch catalog register {DB}.unregistered_words "
+            "--privacy-unit COLUMN --bounds COL=LO:HI")
     with interface(GATEWAY):
-        assert str(exc) == f"{head} Ask the gateway's administrator to register it in the privacy catalog."
+        assert re.sub(r" Did you mean [^?]+\?", "", str(exc)) == (
+            f"{head} Ask the gateway's administrator to register it in the privacy catalog.")
 
 
 def test_gateway_analyst_learns_nothing_of_tables_outside_the_catalog(edb):

@@ -24,8 +24,10 @@ SYSTEM_PY = Path("/usr/bin/python3")
 
 
 def _system_env() -> dict:
-    """This environment with /usr/bin first on PATH and no virtualenv active."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH")}
+    """This environment with /usr/bin first on PATH, no virtualenv active, and not inside a make
+    (`make test` runs this test: an inherited MAKELEVEL/MAKEFLAGS makes make print "Entering directory")."""
+    drop = ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PATH"] = "/usr/bin:/bin:" + env.get("PATH", "")
     return env
 

@@ -286,7 +286,7 @@ def controller_sql(conn, sql: str, *, epsilon: float, delta: float = 0.0, **opti
     then runs the rewritten SQL itself on D and D′, so no budget is ever charged."""
     from ..controller import prepare
 
-    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, **options)
+    prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, cache=False, **options)
     plan = prepared.plan
     return ControllerQuery(prepared.rewritten.sql, plan.entry.table, plan.entry.privacy_unit,
                            plan.entry.neighbour, float(plan.cost.epsilon), float(plan.cost.delta))

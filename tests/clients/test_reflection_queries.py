@@ -23,7 +23,7 @@ RECORDED = [
     ("SHOW DATABASES", [["default"], ["demo"]]),
     ("SHOW TABLES FROM `demo`", [["purchases"]]),
     ("SELECT engine, engine_full, comment FROM system.tables WHERE database = 'demo' AND name = 'purchases'",
-     [["DPCH", "", "DP table: privacy unit user_id, neighbour add_remove, k=1, max rows per unit=10"]]),
+     [["DPCH", "", "DP table: privacy unit user_id, neighbour add_remove, k=1, max rows per unit=24"]]),
     ("EXISTS TABLE `demo`.`purchases`", [[1]]),
     ("DESCRIBE TABLE `demo`.`purchases`", None),
     ("SELECT name FROM system.tables WHERE database = 'demo' AND engine IN ('View', 'WindowView') ORDER BY name", []),
