@@ -29,7 +29,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 from sqlglot import exp
@@ -51,8 +51,8 @@ from .typecheck import expression_types
 from .catalog import base_type
 from .cost import PrivacyCost
 from .plan.profile import BiasEstimate
-from .unit_profile import (ProfileSpec, choose_bounds, noise_rows, noise_value, profile_spec, run_bias_counts,
-                           run_histograms)
+from .unit_profile import (ProfileSpec, affine, choose_bounds, noise_rows, noise_value, profile_spec,
+                           run_bias_counts, run_histograms)
 from .unit_profile import attach as attach_bias
 from .units import unit_path
 
@@ -354,7 +354,7 @@ def noise_at(bound: BoundQuery, plan: Plan, key_types):
     is planned at M = 1, 2 and 64, and the line used when it predicts M = 64 within 1 %, else every
     M is planned. Utility only: the bounds' privacy does not depend on this estimate."""
     cache: dict[tuple[int, int], float] = {}
-    lines: dict[int, tuple[float, float] | None] = {}
+    lines: dict[int, Callable[[float], float]] = {}
 
     def exact(k: int, m: int) -> float:
         if (k, m) not in cache:
@@ -364,12 +364,8 @@ def noise_at(bound: BoundQuery, plan: Plan, key_types):
 
     def at(k: int, m: int) -> float:
         if k not in lines:
-            f1, f2 = exact(k, 1), exact(k, 2)
-            slope, icpt = f2 - f1, 2 * f1 - f2
-            lines[k] = (icpt, slope) if abs(icpt + 64 * slope - exact(k, 64)) <= 0.01 * exact(k, 64) + 1e-12 \
-                else None
-        line = lines[k]
-        return exact(k, m) if line is None else line[0] + line[1] * m
+            lines[k] = affine(lambda x: exact(k, int(x)), 1.0, 2.0, 64.0)
+        return lines[k](m)
     return at
 
 

@@ -12,7 +12,7 @@ dpch.plan.profile), all of them are part of the query's one charge, made before 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from .cost import MechanismCost
@@ -268,35 +268,26 @@ def attach(df, bias: BiasEstimate, epsilon: float, delta: float, *, warn: bool =
     return df
 
 
-def with_bounds(plan_entry, chosen: dict[str, int]):
-    """The relation with the chosen bounds."""
-    return replace(plan_entry, **chosen)
-
-
 def noise_rows(plan: Plan) -> float:
     """G·(mean noise sd of the plan's released counts and sums, in rows): a sum's sd is divided by
     its per-row bound, so that it counts in rows like a count's. G: the groups each quantity is
     released for when the keys are public (their domain sizes' product), else 1. Quantiles and
     distinct counts are left out (their noise does not grow with the row bounds)."""
-    sds = []
-    for q in plan.quantities:
-        if not q.released or q.kind in ("quantile", "distinct"):
-            continue
-        per_row = max(abs(q.lo_units), abs(q.hi_units), 1)
-        sds.append(q.ci_halfwidth_units(0.6827) / per_row)
-    if not sds:
-        return 0.0
-    groups = 1
-    if plan.key_mode == "public":
-        for d in plan.key_domains:
-            groups *= max(1, getattr(d, "size", None) or 1)
-    return groups * sum(sds) / len(sds)
+    return _groups_times_mean(plan, [q.ci_halfwidth_units(0.6827) / max(abs(q.lo_units), abs(q.hi_units), 1)
+                                     for q in plan.quantities
+                                     if q.released and q.kind not in ("quantile", "distinct")])
 
 
 def noise_value(plan: Plan) -> float:
     """G·(mean noise sd of the plan's released sums, in value units): what a column's clipping bound
     trades against the mass it clips (G as in noise_rows)."""
-    sds = [q.ci_halfwidth_units(0.6827) * q.grid for q in plan.quantities if q.released and q.kind == "sum"]
+    return _groups_times_mean(plan, [q.ci_halfwidth_units(0.6827) * q.grid for q in plan.quantities
+                                     if q.released and q.kind == "sum"])
+
+
+def _groups_times_mean(plan: Plan, sds: list[float]) -> float:
+    """G·mean(sds), G = the groups each quantity is released for when the keys are public (the
+    product of their domain sizes), else 1; 0 without any sd."""
     if not sds:
         return 0.0
     groups = 1

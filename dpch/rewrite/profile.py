@@ -27,6 +27,12 @@ class _Relation(BoundingStages):
         self.keys = list(plan.bound.keys)
         self.nk = len(self.keys)
 
+    def where_with(self, *conds: str) -> str:
+        """The rows stage's WHERE (the analyst's and the key filters) and ``conds``."""
+        base = self._where(key_filters=True)
+        extra = " AND ".join(f"({c})" for c in conds)
+        return f"{base} AND {extra}" if base else f"\nWHERE {extra}"
+
 
 def _clipped_sql(plan: Plan) -> str:
     """1 when a row has a value outside its column's declared bounds (NaN included) in a column
@@ -55,9 +61,7 @@ def per_unit_sql(plan: Plan) -> str:
     rel = _Relation(plan)
     unit = quote_ident(plan.entry.privacy_unit)  # type: ignore[arg-type]
     keys = [f"{sql_of(k.expr)} AS __dp_rk{j}" for j, k in enumerate(rel.keys)]
-    where = rel._where(key_filters=True)
-    not_null = f"({unit} IS NOT NULL)"
-    where = f"{where} AND {not_null}" if where else f"\nWHERE {not_null}"
+    where = rel.where_with(f"{unit} IS NOT NULL")
     group = ", ".join(["__dp_u"] + [f"__dp_rk{j}" for j in range(rel.nk)])
     cells = (f"SELECT {', '.join([f'{unit} AS __dp_u'] + keys)}, toInt64(count()) AS __dp_n, "
              f"max({_clipped_sql(plan)}) AS __dp_cx\nFROM {rel.table_sql}{where}\nGROUP BY {group}")
@@ -114,16 +118,14 @@ def value_histogram_sql(plan: Plan, column_sql: str, noise_sql) -> str:
     (real-valued) mechanism's SQL."""
     rel = _Relation(plan)
     x = f"toFloat64({column_sql})"
-    where = rel._where(key_filters=True)
     valid = f"({column_sql} IS NOT NULL) AND isFinite({x})"
     if plan.entry.row_level:
-        where = f"{where} AND {valid}" if where else f"\nWHERE {valid}"
+        where = rel.where_with(valid)
         weighted = (f"SELECT toUInt8({x} < 0) AS __dp_s, {_value_bucket(x)} AS __dp_b, toFloat64(1) AS __dp_f\n"
                     f"FROM {rel.table_sql}{where}")
     else:
         unit = quote_ident(plan.entry.privacy_unit)  # type: ignore[arg-type]
-        cond = f"({unit} IS NOT NULL) AND {valid}"
-        where = f"{where} AND {cond}" if where else f"\nWHERE {cond}"
+        where = rel.where_with(f"{unit} IS NOT NULL", valid)
         cells = (f"SELECT {unit} AS __dp_u, toUInt8({x} < 0) AS __dp_s, {_value_bucket(x)} AS __dp_b, "
                  f"count() AS __dp_n\nFROM {rel.table_sql}{where}\nGROUP BY __dp_u, __dp_s, __dp_b")
         weighted = (f"SELECT __dp_s, __dp_b, __dp_n / sum(__dp_n) OVER (PARTITION BY __dp_u) AS __dp_f\n"
