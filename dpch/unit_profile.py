@@ -21,8 +21,8 @@ from .errors import InvalidParameter
 from .execute import _sanitized
 from .mechanisms import LaplaceMechanism
 from .plan import Plan
-from .plan.profile import (BIAS_COUNTS, GRID, TRUST_Z, VALUE_EDGES, BiasEstimate, BoundChoice, Histogram,
-                           ProfileRequest, choose, shares_from_counts, tail_model)
+from .plan.profile import (BIAS_COUNTS, GRID, VALUE_EDGES, BiasEstimate, BoundChoice, Histogram,
+                           ProfileRequest, choose, shares_from_counts, side_has_mass, tail_model)
 from .catalog import quote_ident
 from .rewrite.profile import bias_counts_sql, histograms_sql, value_histogram_sql
 
@@ -160,7 +160,8 @@ def choose_value_bounds(hists: dict[str, Histogram], columns: tuple[str, ...], k
                         noise_value_at: Callable[[str, tuple[float, float]], float]
                         ) -> tuple[dict[str, tuple[float, float]], list[BoundChoice]]:
     """Each column's clipping bounds from its released value histograms (post-processing): a side
-    whose total mass does not stand TRUST_Z sd above its noise is cut at 0; the other side's
+    whose raw noisy total does not stand SIDE_Z sd above 0 is cut at 0 (a false side is rare: its
+    bound would fit noise); the other side's
     magnitude C minimises kept_rows_per_unit·(mass above C) + noise_value_at(column, bounds)."""
     chosen, choices = {}, []
     for col in columns:
@@ -168,7 +169,7 @@ def choose_value_bounds(hists: dict[str, Histogram], columns: tuple[str, ...], k
         sides = {}
         for sign, h in (("+", pos), ("-", neg)):
             model = tail_model(h)
-            if h.tail()[0] <= TRUST_Z * h.tail_sd(0):
+            if not side_has_mass(h):
                 continue
 
             def noise(c, sign=sign):

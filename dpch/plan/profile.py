@@ -54,6 +54,11 @@ BIAS_COUNTS = ("units", "cut", "clipped")
 PLATEAU_SHARE = 0.5
 #: a noisy tail count is trusted where it exceeds this many of its standard deviations
 TRUST_Z = 2.0
+#: a value histogram's side (positive or negative values) is used only when its raw noisy total
+#: stands this many sd above 0: a side of pure noise passes with probability 6.0e-7 (the exact tail
+#: of a sum of 82 Laplace draws, by Gil-Pelaez inversion; N(0,1) gives 2.9e-7). At TRUST_Z a noise
+#: side passed 3.8 % of the time and its bound, fitted to a random walk, reached 7e5 (x10^4 noise)
+SIDE_Z = 5.0
 #: the power law (a heavy tail: larger bounds) is preferred over the exponential only when it fits
 #: the last trusted points (three or more, spanning 4x) this much better (residual sum of squares
 #: ratio): noise alone must not turn a light tail heavy
@@ -103,6 +108,12 @@ class Histogram:
     def tail_sd(self, i: int) -> float:
         """The standard deviation of T_i's noise: a sum of len - i Laplace draws of variance 2b²."""
         return self.scale * math.sqrt(2.0 * (len(self.counts) - i))
+
+
+def side_has_mass(h: Histogram) -> bool:
+    """Whether a value histogram's side (post-processing) holds real mass: its raw noisy total stands
+    SIDE_Z standard deviations above 0."""
+    return sum(h.counts) > SIDE_Z * h.tail_sd(0)
 
 
 @dataclass(frozen=True)
