@@ -77,22 +77,24 @@ class Connection:
         refuses to change the unit of a dataset that has any)."""
         return sum(s.queries for s in self.ledger.budgets() if s.dataset == dataset)
 
-    def accelerate(self, table: str, group_by=(), columns=None, *, materialize: bool = True):
-        """Add the per-unit projection that serves user-level ``GROUP BY group_by`` queries on
-        ``table`` (dpch.accelerate). Same privacy guarantee and answers' distribution as without
-        it; charges nothing."""
+    def accelerate(self, table: str, group_by=(), columns=None, *, materialize: bool = True,
+                   method: str = "projection"):
+        """Add the per-unit projection (or with ``method="table"`` the per-unit table kept by a
+        materialized view) that serves user-level ``GROUP BY group_by`` queries on ``table``
+        (dpch.accelerate). Same privacy guarantee and answers' distribution as without it;
+        charges nothing."""
         from .accelerate import accelerate
 
-        return accelerate(self, table, group_by, columns, materialize=materialize)
+        return accelerate(self, table, group_by, columns, materialize=materialize, method=method)
 
     def accelerations(self, table: str):
-        """DPCH's per-unit projections on ``table``, each current or stale (dpch.accelerate)."""
+        """DPCH's per-unit projections and tables on ``table``, each current or stale (dpch.accelerate)."""
         from .accelerate import accelerations
 
         return accelerations(self, table)
 
     def drop_accelerations(self, table: str, *, stale_only: bool = False) -> list[str]:
-        """Drop DPCH's per-unit projections on ``table`` (dpch.accelerate)."""
+        """Drop DPCH's per-unit projections and tables on ``table`` (dpch.accelerate)."""
         from .accelerate import drop_accelerations
 
         return drop_accelerations(self, table, stale_only=stale_only)

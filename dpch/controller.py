@@ -46,6 +46,7 @@ from .relation.resolver import needs_unit_chain, resolve
 from .relation.services import RelationServices
 from .probe_db import check_before_charge
 from .rewrite import Rewritten, placement, rewrite
+from .rewrite.unit_table import forget as forget_per_unit, serve as serve_per_unit
 from .totality import make_total, make_total_expressions, make_total_templates
 from .typecheck import expression_types
 from .catalog import base_type
@@ -296,18 +297,36 @@ def run_query(conn, sql: str, *, epsilon: Any, delta: Any = 0.0, tree=None, **op
     already parsed by the caller (the ledger records ``sql``)."""
     prepared = prepare(conn, sql, epsilon=epsilon, delta=delta, tree=tree, precheck=True, profile=True, **options)
     if prepared.profile is None:
-        df, receipt = _charge_and_run(conn, prepared, sql, None, lambda: execute(conn.backend, prepared.rewritten))
-        return postprocess(df, prepared.plan, prepared.rewritten, receipt=receipt,
-                           controller_ms=prepared.controller_ms)
+        (df, rw, source), receipt = _charge_and_run(
+            conn, prepared, sql, None, lambda: _served(conn, prepared, lambda r: execute(conn.backend, r)))
+        out = postprocess(df, prepared.plan, rw, receipt=receipt, controller_ms=prepared.controller_ms)
+        out.attrs["dpch"]["per_unit_source"] = source
+        return out
 
     def run():
         final, bias = _profiled(conn, prepared)
-        return final, bias, execute(conn.backend, final.rewritten)
+        return (final, bias) + _served(conn, final, lambda r: execute(conn.backend, r))
 
-    (final, bias, df), receipt = _charge_and_run(conn, prepared, sql, None, run)
-    out = postprocess(df, final.plan, final.rewritten, receipt=receipt, controller_ms=prepared.controller_ms)
+    (final, bias, df, rw, source), receipt = _charge_and_run(conn, prepared, sql, None, run)
+    out = postprocess(df, final.plan, rw, receipt=receipt, controller_ms=prepared.controller_ms)
+    out.attrs["dpch"]["per_unit_source"] = source
     cost = prepared.cost
     return attach_bias(out, bias, cost.epsilon, cost.delta)
+
+
+def _served(conn, prepared: Prepared, run: Callable[[Rewritten], Any]) -> tuple[Any, Rewritten, str]:
+    """(``run``'s result, the query it ran, where the per-unit stage was read: "table" or a
+    maintained per-unit table's name). A fresh per-unit table that holds the plan's per-unit stage
+    is read instead of the table (dpch.rewrite.unit_table: the same pre-noise values, so the same
+    guarantee); if reading it fails (dropped meanwhile), the table is read, once."""
+    rewritten, source = serve_per_unit(conn.backend, prepared.plan, prepared.rewritten)
+    if source == "table":
+        return run(rewritten), rewritten, source
+    try:
+        return run(rewritten), rewritten, source
+    except DPCHError:
+        forget_per_unit(conn.backend, prepared.plan.entry.table)
+        return run(prepared.rewritten), prepared.rewritten, "table"
 
 
 def _profiled(conn, prepared: Prepared) -> tuple[Prepared, BiasEstimate]:
@@ -409,7 +428,7 @@ def run_query_formatted(conn, sql: str, fmt: str, *, epsilon: Any, delta: Any = 
 
     def run():
         final, bias = _profiled(conn, prepared) if prepared.profile is not None else (prepared, None)
-        return bias, execute_formatted(conn.backend, final.rewritten, fmt, format_settings)
+        return bias, _served(conn, final, lambda r: execute_formatted(conn.backend, r, fmt, format_settings))[0]
 
     (bias, out), receipt = _charge_and_run(conn, prepared, sql, (fmt, format_settings), run)
     cost = prepared.cost

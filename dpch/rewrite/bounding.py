@@ -14,6 +14,8 @@ from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, _indent, _packed_row,
 class BoundingStages:
     """Mixin of ``_Rewriter`` (dpch/rewrite/rewriter.py): the per-unit and per-group stages."""
 
+    units = None  # _Rewriter's per-unit table reader (dpch.rewrite.unit_table), if any
+
     # -- helpers ----------------------------------------------------------------------------
     def _where(self, *, key_filters: bool = True) -> str:
         parts = []
@@ -233,6 +235,8 @@ class BoundingStages:
             named = self._per_unit_named(inline=False, key_hash=kh)
             per_unit_cols = (["__dp_u"] if kh else []) + [f"{a} AS {n}" for n, a in named]
             per_unit = (f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u")
+            if self.units is not None:  # a maintained per-unit table holds this stage (rewrite.unit_table)
+                per_unit = self.units(self, kh)
             # the key part of the unit's smallest hash: the key hash of its group
             head = [f"bitXor(__dp_mh, {self._unit_part_sql('__dp_u')}) AS __dp_kh"] if kh else \
                 [f"{self._k(j)}" for j in range(self.nk)]

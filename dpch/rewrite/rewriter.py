@@ -2,6 +2,8 @@
 first)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from ..plan import Plan
 from ..engine import with_settings
 from .base import SALT_PLACEHOLDER, UNIT_SALT_PLACEHOLDER, Rewritten
@@ -14,12 +16,15 @@ class _Rewriter(BoundingStages, ReleaseStages):
     check only (the identity instead of the noise UDFs, every group kept); ``table`` replaces the
     protected table (a neighbouring dataset, or the probe's row of default values)."""
 
-    def __init__(self, plan: Plan, *, noise: bool, selection: bool, table: str | None):
+    def __init__(self, plan: Plan, *, noise: bool, selection: bool, table: str | None,
+                 units: Callable[[_Rewriter, bool], str] | None = None):
         self.plan = plan
         self.noise = noise
         self.selection = selection
         e = plan.entry
         self.table_sql = table or e.table_sql
+        # the per-unit stage's SQL from a maintained per-unit table (dpch.rewrite.unit_table), or None
+        self.units = units
         self.keys = list(plan.bound.keys)
         self.nk = len(self.keys)
         self.row_qs = [q for q in plan.quantities if q.row_sql is not None and q.kind not in ("quantile", "distinct")]
