@@ -349,14 +349,15 @@ def cmd_catalog_accelerate(args) -> int:
         if args.list or args.drop or args.drop_stale:
             if args.drop or args.drop_stale:
                 for name in db.drop_accelerations(args.table, stale_only=args.drop_stale):
-                    print(f"dropped projection {name}")
+                    print(f"dropped {name}")
             for a in db.accelerations(args.table):
-                print(f"{a.name}\tGROUP BY {', '.join(a.group_by) or '(none)'}\tcolumns {', '.join(a.columns) or '-'}"
+                print(f"{a.name}\t{a.method}\tGROUP BY {', '.join(a.group_by) or '(none)'}\tcolumns {', '.join(a.columns) or '-'}"
                       f"\t{'current' if a.current else 'STALE (catalog changed; accelerate again)'}")
             return 0
         a = db.accelerate(args.table, args.group_by, args.columns.split(",") if args.columns else None,
-                          materialize=not args.no_materialize)
-        print(f"projection {a.name} on {a.table}: per-unit states for GROUP BY {', '.join(a.group_by) or '(none)'}, "
+                          materialize=not args.no_materialize, method=args.method)
+        kind = "projection" if a.method == "projection" else "per-unit table dpch_accel."
+        print(f"{kind}{a.name} on {a.table}: per-unit states for GROUP BY {', '.join(a.group_by) or '(none)'}, "
               f"SUM/AVG of {', '.join(a.columns) or '(no columns)'}; queries without a WHERE on other "
               "columns now read it")
     return 0
@@ -432,9 +433,13 @@ def register(subparsers) -> None:
                    help="a GROUP BY key (repeat for several; none: ungrouped queries)")
     a.add_argument("--columns", default=None, help="comma-separated bounded columns to hold SUM/AVG for "
                    "(default: every bounded column)")
+    a.add_argument("--method", choices=["projection", "table"], default="projection",
+                   help="projection (default): a per-unit projection of the table; table: a per-unit "
+                   "AggregatingMergeTree in dpch_accel kept by a materialized view (no planning cost for other "
+                   "queries; falls back to the table after deletes/updates until built again)")
     a.add_argument("--no-materialize", action="store_true", help="only new parts get the projection")
-    a.add_argument("--list", action="store_true", help="list DPCH's projections on the table")
-    a.add_argument("--drop", action="store_true", help="drop all of DPCH's projections on the table")
+    a.add_argument("--list", action="store_true", help="list DPCH's projections and per-unit tables of the table")
+    a.add_argument("--drop", action="store_true", help="drop all of DPCH's projections and per-unit tables of the table")
     a.add_argument("--drop-stale", action="store_true", help="drop the stale ones only")
     _common(a)
     a.set_defaults(func=cmd_catalog_accelerate)

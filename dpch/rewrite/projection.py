@@ -38,4 +38,5 @@ def projection_hint(plan) -> str:
     keys = [k.sql for k in plan.bound.keys]
     cli = " ".join([f"dpch catalog accelerate {entry.table}"] + [f"--group-by {shlex.quote(k)}" for k in keys])
     return (f"one GROUP BY {entry.privacy_unit} pass; a per-unit projection can serve it: "
-            f"db.accelerate({entry.table!r}, {keys!r}) or `{cli}`")
+            f"db.accelerate({entry.table!r}, {keys!r}) or `{cli}` (or a per-unit table: method='table', "
+            "`--method table`; the answer's attrs['dpch']['per_unit_source'] names what was read)")
