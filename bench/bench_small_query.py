@@ -15,7 +15,11 @@ public keys), ``amount`` in [0, 500]; ``privacy_unit = user_id``, 1 group and 10
    through ``dpch serve`` (HTTP, TabSeparated) against the plain query in process on an identical
    second store (chDB: one store per process), interleaved too.
 
-    .venv/bin/python bench/bench_small_query.py [--rows 1000000] [--reps 60] [--gateway] [--cold]
+3. ``--methods``: the latency again with each per-unit structure (issue 33, item 2): none, the
+   per-unit projection (``db.accelerate``) and the per-unit table (``method="table"``), side by
+   side in one run; each is built, checked to be what the DP query read, measured, and dropped.
+
+    .venv/bin/python bench/bench_small_query.py [--rows 1000000] [--reps 60] [--gateway] [--cold] [--methods]
 """
 from __future__ import annotations
 
@@ -161,6 +165,29 @@ def show(title: str, lat: dict) -> None:
               f"{dp / fl:.2f} | {pl99:.1f} | {dp99:.1f} |")
 
 
+def methods_latency(db, reps: int) -> None:
+    """DP p50 − plain p50 with no per-unit structure, a per-unit projection and a per-unit table."""
+    out = {"none": paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), reps)}
+    for method in ("projection", "table"):
+        t0 = time.perf_counter()
+        acc = db.accelerate("bench.small", ["region"], method=method)
+        built = time.perf_counter() - t0
+        if method == "table":  # the DP query must read it (else the row measures nothing new)
+            src = db.query(QUERIES["SUM"][0], epsilon=EPS).attrs["dpch"]["per_unit_source"]
+            assert src == acc.name, src
+        print(f"{method}: {acc.name} built in {built:.1f} s")
+        out[method] = paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), reps)
+        db.drop_accelerations("bench.small")
+    print("\nper-unit structure, in process, p50 ms (plain measured in each configuration: a projection "
+          "adds planning to the plain query too):")
+    print("| query | " + " | ".join(f"plain ({m}) | DP ({m}) | DP − plain ({m})" for m in out) + " |")
+    print("|---|" + "---:|" * (3 * len(out)))
+    for name in QUERIES:
+        cells = [f"{out[m][name][0]:.1f} | {out[m][name][1]:.1f} | {out[m][name][1] - out[m][name][0]:.1f}"
+                 for m in out]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def gateway_latency(local_db, data_dir: Path, reps: int) -> dict[str, tuple[float, float]]:
     import httpx
 
@@ -185,6 +212,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--gateway", action="store_true")
     ap.add_argument("--cold", action="store_true", help="also the stage table with the plan cache emptied each time")
+    ap.add_argument("--methods", action="store_true",
+                    help="only the latency with no per-unit structure, a projection and a per-unit table")
     args = ap.parse_args()
     dirs = [Path(tempfile.mkdtemp(prefix="dpch_bench_small_")) for _ in range(2 if args.gateway else 1)]
     for d in dirs:
@@ -193,6 +222,9 @@ def main() -> int:
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f} (2 cores, shared)")
     print(f"{args.rows} rows, 100k users, 8 public regions, ε={EPS}, {args.reps} repetitions, medians (ms)\n")
     try:
+        if args.methods:
+            methods_latency(db, args.reps)
+            return 0
         for cold in ([False, True] if args.cold else [False]):
             rows = {name: stage_table(db, name, args.reps, cold) for name in QUERIES}
             print(f"stages ({'plan cache emptied each time' if cold else 'repeated query, caches warm'}):")

@@ -31,8 +31,8 @@ import hashlib
 
 from .catalog import META_DATABASE, is_nullable, quote_ident, quote_string
 from .errors import CatalogError, DPCHError
-from .rewrite.unit_table import (ACCEL_DATABASE, MUTATION_NUMBER, UNIT_TABLES, UnitTable, forget, fresh, recorded, salt_digest,
-                                 salted, stage_aggregates, state_sql)
+from .rewrite.unit_table import (ACCEL_DATABASE, MUTATION_NUMBER, UNIT_TABLES, UnitTable, forget, fresh,
+                                 lightweight_updates_on, recorded, salt_digest, salted, stage_aggregates, state_sql)
 
 # MergeTree engines that keep every inserted row (the others merge rows away: count() drifts)
 _ENGINES = ("MergeTree", "ReplicatedMergeTree", "SharedMergeTree")
@@ -87,10 +87,7 @@ def build(conn, entry, rw, group_by: tuple[str, ...], columns: tuple[str, ...]) 
     if engine not in _ENGINES:
         raise CatalogError(f"a per-unit table needs a plain MergeTree table (rows never merged away); "
                            f"{entry.table} is {engine}: use method='projection'")
-    lw = conn.backend.query_df(
-        "SELECT count() AS n FROM system.merge_tree_settings WHERE name = 'enable_block_number_column' "
-        "AND value NOT IN ('0', 'false')")["n"].iloc[0]
-    if lw or "enable_block_number_column = 1" in engine_full or "enable_block_number_column = true" in engine_full:
+    if lightweight_updates_on(conn.backend) or "enable_block_number_column = 1" in engine_full or "enable_block_number_column = true" in engine_full:
         raise CatalogError(f"{entry.table} allows lightweight updates (enable_block_number_column), which no "
                            "metadata shows once merged: a per-unit table could not tell it is stale")
     mutations = (f"FROM system.mutations WHERE database = {quote_string(entry.database)} "

@@ -12,11 +12,14 @@ rules); the per-unit stage ``SELECT unit, aggs FROM T [WHERE unit-only] GROUP BY
 each call. Every stage above is unchanged: the pre-noise values are the same numbers.
 
 Fail-safe (``fresh``, one metadata query before each use): the table is read only if T still has
-the UUID and engine definition recorded at build, the materialized view exists, every mutation of T
-is one that was done before the build, T has no lightweight-update patch part and
-lightweight updates are off server-wide, and ``count()`` of T (answered from part metadata) equals
-the rows the per-unit table has seen. Inserts go through the view into both; deletes, updates,
-TRUNCATE, partition drops and inserts that bypass the view break one of these, and queries read T.
+the UUID and engine definition recorded at build (lightweight updates off: their patch parts are
+applied at merges, after which no metadata shows them), the materialized view is still among its
+dependants, every mutation of T is one that was done before the build, and ``count()`` of T
+(answered from part metadata) equals the rows the per-unit table has seen. Lightweight updates
+off server-wide is checked at most once a minute per process. Inserts go through the view into
+both; deletes, updates, TRUNCATE, partition drops and inserts that bypass the view break one of
+these, and queries read T. Not detected: partition surgery that adds exactly as many rows as it
+removes (``REPLACE PARTITION``, ``DROP`` + ``ATTACH PARTITION``): build again after it.
 
 Privacy: the choice changes where the per-unit states are read from, not what they are. Which
 source is read depends on the table's maintenance history (mutations, partition operations), not
@@ -188,28 +191,41 @@ def per_unit_sql(ut: UnitTable, rw: _Rewriter, key_hash: bool) -> str:
 
 
 def freshness_sql(ut: UnitTable, entry: TableEntry) -> str:
-    """One row: whether ``ut`` still holds exactly T's rows (metadata reads, and one pass over
-    the per-unit table's row counts). See the module docstring."""
+    """One row: whether ``ut`` still holds exactly T's rows (see the module docstring): T's row
+    count (from part metadata) against the per-unit table's, T's own row of system.tables (same
+    UUID and engine, the view still among its dependants) and its mutations."""
     d, t = quote_string(entry.database), quote_string(entry.name)
     rows = f"a{ut.aggregates.index(ROWS)}"
     return (
         "SELECT "
         f"(SELECT count() FROM {entry.table_sql}) = (SELECT countMerge({rows}) FROM {ut.target_sql}) "
         f"AND (SELECT count() FROM system.tables WHERE database = {d} AND name = {t} "
-        f"AND toString(uuid) = {quote_string(ut.table_uuid)} AND engine_full = {quote_string(ut.engine_full)}) = 1 "
-        f"AND (SELECT count() FROM system.tables WHERE database = {quote_string(ACCEL_DATABASE)} "
-        f"AND name = {quote_string(ut.view_name)}) = 1 "
+        f"AND toString(uuid) = {quote_string(ut.table_uuid)} AND engine_full = {quote_string(ut.engine_full)} "
+        f"AND has(arrayZip(dependencies_database, dependencies_table), "
+        f"({quote_string(ACCEL_DATABASE)}, {quote_string(ut.view_name)}))) = 1 "
         f"AND (SELECT count() FROM system.mutations WHERE database = {d} AND table = {t} "
-        f"AND (NOT is_done OR {MUTATION_NUMBER} > {int(ut.mutation)})) = 0 "
-        f"AND (SELECT count() FROM system.parts WHERE database = {d} AND table = {t} AND active "
-        "AND startsWith(name, 'patch-')) = 0 "
-        "AND (SELECT count() FROM system.merge_tree_settings WHERE name = 'enable_block_number_column' "
-        "AND value NOT IN ('0', 'false')) = 0 AS fresh")
+        f"AND (NOT is_done OR {MUTATION_NUMBER} > {int(ut.mutation)})) = 0 AS fresh")
+
+
+_LIGHTWEIGHT = "SELECT count() AS n FROM system.merge_tree_settings WHERE name = 'enable_block_number_column' " \
+    "AND value NOT IN ('0', 'false')"
+_server_checked: dict[int, float] = {}
+
+
+def lightweight_updates_on(backend) -> bool:
+    """Whether the server enables lightweight updates by default (checked at most once a minute
+    per process: a server setting; a table's own setting is in its engine definition)."""
+    return bool(backend.query_df(_LIGHTWEIGHT)["n"].iloc[0])
 
 
 def fresh(backend, ut: UnitTable, entry: TableEntry) -> bool:
     """Whether ``ut`` may be read now (any error, e.g. a dropped table, means no)."""
     try:
+        now = time.monotonic()
+        if _server_checked.get(id(backend), 0.0) < now:
+            if lightweight_updates_on(backend):
+                return False
+            _server_checked[id(backend)] = now + 60.0
         return bool(backend.query_df(freshness_sql(ut, entry))["fresh"].iloc[0])
     except DPCHError:
         return False
