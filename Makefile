@@ -6,7 +6,7 @@ VENV ?= .venv
 VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 
-.PHONY: install system-deps demo test test-quick fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench bench-auto-bounds clean
+.PHONY: install system-deps demo test test-quick test-long fuzz bench bench-tpch bench-selection bench-quantiles bench-partition-peers bench-topk bench-thesis bench-odp bench-large bench-clickbench bench-auto-bounds clean
 
 $(VPY):
 	@$(PYTHON) -m venv $(VENV) || { echo "error: '$(PYTHON) -m venv' failed; on Debian/Ubuntu: sudo apt-get install python3-venv python3-dev gcc make"; exit 2; }
@@ -49,6 +49,12 @@ test: install system-deps
 # The edit loop (a few minutes): the tests marked `quick` (tests/conftest.py); CI runs `make test`.
 test-quick: install
 	$(VPY) -m pytest -q -m quick $(PYTEST_PARALLEL)
+
+# The stress and fuzz loops at their full counts (DPCH_LONG=1; `make test` runs a representative part
+# of each, and every iteration checks the whole property): kill -9 rounds, charge contention, fuzz examples.
+LONG_TESTS = tests/test_ledger_reliability.py tests/test_ledger_concurrency.py tests/test_totality_fuzz.py
+test-long: install system-deps
+	DPCH_LONG=1 $(VPY) -m pytest -q $(PYTEST_PARALLEL) $(LONG_TESTS)
 
 # Generative D/D' test of the join grammar (issue 26), much longer than in make test and with fresh
 # randomness: FUZZ_EXAMPLES random schemas of up to 12 queries each (about 6 on average); every
