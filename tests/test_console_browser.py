@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chrom
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(make_data_dir(tmp_path_factory.mktemp("console_browser"))).start()
+    s = Server(make_data_dir(tmp_path_factory, "console_browser")).start()
     yield s
     s.stop()
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from dpch.gateway.console.middleware import prefers_html
-from test_gateway import Server, _cli
+from test_gateway import Server, _cli, demo_dir
 
 ALICE = ("alice", "alice-console-1")
 BOB = ("bob", "bob-console-22")
@@ -20,10 +20,10 @@ BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,image/av
 QUERY = "SELECT region, COUNT(*) AS n FROM demo.purchases GROUP BY region ORDER BY region"
 
 
-def make_data_dir(d):
+def make_data_dir(tmp_path_factory, name):
     """The demo table, alice (ε = 5, δ = 1e-5 on demo.purchases) and bob (ε = 2): the console tests'
     data directory."""
-    _cli("demo", "--data-dir", str(d), "--rows", "3000")
+    d = demo_dir(tmp_path_factory, name)
     for user, password in (ALICE, BOB):
         _cli("users", "add", user, "--password-stdin", "--data-dir", str(d), stdin=password + "\n")
     _cli("budget", "set", "--data-dir", str(d), "--analyst", "alice", "--dataset", "demo.purchases",
@@ -34,7 +34,7 @@ def make_data_dir(d):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(make_data_dir(tmp_path_factory.mktemp("console"))).start()
+    s = Server(make_data_dir(tmp_path_factory, "console")).start()
     yield s
     s.stop()
 

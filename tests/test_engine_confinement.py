@@ -113,10 +113,9 @@ def test_deadline_kills_and_restarts_the_worker(worker):
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    from test_gateway import Server, _cli
+    from test_gateway import Server, _cli, demo_dir
 
-    d = tmp_path_factory.mktemp("gw_confined")
-    _cli("demo", "--data-dir", str(d), "--rows", "2000")
+    d = demo_dir(tmp_path_factory, "gw_confined")
     for user, pw in (("alice", PASSWORD), ("bob", "bob-secret-22")):
         _cli("users", "add", user, "--password-stdin", "--data-dir", str(d), stdin=pw + "\n")
         _cli("budget", "set", "--data-dir", str(d), "--analyst", user, "--dataset", "demo.purchases",

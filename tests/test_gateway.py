@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import socket
 import statistics
@@ -30,6 +31,22 @@ def _cli(*args, stdin=None, check=True):
     if check and r.returncode != 0:
         raise AssertionError(f"dpch {' '.join(args)} failed: {r.stderr}")
     return r
+
+
+_DEMO_TEMPLATES: dict[int, Path] = {}
+
+
+def demo_dir(tmp_path_factory, name: str, rows: int = 2000) -> Path:
+    """A fresh data directory holding what `dpch demo --rows ROWS` leaves (tables, catalog, ledger):
+    the demo runs once per (test process, rows), taking 10-15 s, and each caller gets a copy
+    (milliseconds). No process holds the template's store while it is copied."""
+    if rows not in _DEMO_TEMPLATES:
+        template = tmp_path_factory.mktemp(f"demo_template_{rows}")
+        _cli("demo", "--data-dir", str(template), "--rows", str(rows))
+        _DEMO_TEMPLATES[rows] = template
+    d = tmp_path_factory.mktemp(name)
+    shutil.copytree(_DEMO_TEMPLATES[rows], d, symlinks=True, dirs_exist_ok=True)  # the store links relatively
+    return d
 
 
 def _free_port() -> int:
@@ -79,8 +96,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def setup_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gw")
-    _cli("demo", "--data-dir", str(d), "--rows", "20000")
+    d = demo_dir(tmp_path_factory, "gw", 20000)
     _cli("users", "add", "alice", "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
     _cli("users", "add", "bob", "--password-stdin", "--data-dir", str(d), stdin="bob-secret-22\n")
     _cli("budget", "set", "--data-dir", str(d), "--analyst", "alice", "--dataset", "demo.purchases",

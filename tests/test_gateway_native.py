@@ -14,7 +14,7 @@ import pytest
 from dpch.gateway.native import columns
 from dpch.gateway.native import protocol as p
 from dpch.gateway.native.server import strip_format
-from test_gateway import PASSWORD, Server, _cli, _free_port
+from test_gateway import PASSWORD, Server, _cli, _free_port, demo_dir
 
 clickhouse_driver = pytest.importorskip("clickhouse_driver")
 from clickhouse_driver import Client  # noqa: E402
@@ -25,8 +25,7 @@ BOB = "bob-secret-22"
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gw_native")
-    _cli("demo", "--data-dir", str(d), "--rows", "5000")
+    d = demo_dir(tmp_path_factory, "gw_native", 2000)
     _cli("users", "add", "alice", "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
     _cli("users", "add", "bob", "--password-stdin", "--data-dir", str(d), stdin=BOB + "\n")
     for analyst in ("alice", "bob"):

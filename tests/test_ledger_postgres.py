@@ -287,21 +287,20 @@ def test_credentials_never_appear_in_messages(pg_server):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_two_gateways_on_one_ledger_answer_exactly_the_budget(pg_server, tmp_path):
+def test_two_gateways_on_one_ledger_answer_exactly_the_budget(pg_server, tmp_path_factory):
     """Two real `dpch serve --ledger postgresql://…` processes (each with its own embedded engine
     and demo data) and 8 concurrent clients: an analyst whose budget allows exactly 12 queries gets
     exactly 12 answers in all, the rest are refused by the ledger (403)."""
     import httpx
     from concurrent.futures import ThreadPoolExecutor
 
-    from test_gateway import PASSWORD, Server, _cli
+    from test_gateway import PASSWORD, Server, _cli, demo_dir
 
     url, n = pg_server.new_schema(), 12
     gateways = []
     try:
         for i in range(2):
-            d = tmp_path / f"gw{i}"
-            _cli("demo", "--data-dir", str(d), "--rows", "2000")
+            d = demo_dir(tmp_path_factory, f"gw{i}")
             _cli("users", "add", "alice", "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
             gateways.append(Server(d, "--ledger", url))
         _cli("budget", "set", "--ledger", url, "--analyst", "alice", "--dataset", "demo.purchases",

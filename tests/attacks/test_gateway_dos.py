@@ -34,7 +34,7 @@ from dpch.gateway.metadata import compile_like, like_match
 from dpch.gateway.svt import MAX_QUERIES
 from dpch.ledger import Ledger
 from dpch.users import UserStore
-from test_gateway import Server  # the real `dpch serve` process of tests/test_gateway.py
+from test_gateway import Server, demo_dir  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -56,8 +56,7 @@ def _cli(*args, stdin=None):
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dos")
-    _cli("demo", "--data-dir", str(d), "--rows", "2000")  # the embedded store: in its own process
+    d = demo_dir(tmp_path_factory, "dos")  # the embedded store: made in a process of its own
     UserStore(d).add("alice", PASSWORD)
     ledger = Ledger(d / "ledger.sqlite")
     ledger.set_budget("alice", "demo.purchases", 100.0, 1e-3)

@@ -17,7 +17,7 @@ import pytest
 
 from dpch.ledger import Ledger
 from dpch.users import UserStore
-from test_gateway import Server  # the real `dpch serve` process of tests/test_gateway.py
+from test_gateway import Server, demo_dir  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -33,8 +33,7 @@ def _cli(*args):
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    d = tmp_path_factory.mktemp("leaks")
-    _cli("demo", "--data-dir", str(d), "--rows", "2000")
+    d = demo_dir(tmp_path_factory, "leaks")
     # a public table for IN (SELECT ...), registered by the owner in a process of its own (this one
     # may hold the test session's embedded store: one store per process)
     owner = ("import dpch\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_gateway import PASSWORD, Server, _cli  # the real `dpch serve` process of tests/test_gateway.py
+from test_gateway import PASSWORD, Server, _cli, demo_dir  # the real `dpch serve` process of tests/test_gateway.py
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -18,8 +18,7 @@ USER = "alice"
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory):
-    d = tmp_path_factory.mktemp("clients")
-    _cli("demo", "--data-dir", str(d), "--rows", "20000")
+    d = demo_dir(tmp_path_factory, "clients", 20000)
     _cli("users", "add", USER, "--password-stdin", "--data-dir", str(d), stdin=PASSWORD + "\n")
     _cli("budget", "set", "--data-dir", str(d), "--analyst", USER, "--dataset", "demo.purchases",
          "--epsilon", "1000", "--delta", "1e-3")
