@@ -49,12 +49,15 @@ def _ensure_meta(conn) -> None:
 
 def definition(entry, rw) -> tuple[str, tuple[str, ...], str]:
     """(name, aggregate calls, the salted SELECT of their states per unit) for the template plan's
-    rewriter ``rw``; the name's digest covers the salted SELECT (catalog changes give a new name)."""
+    rewriter ``rw``; the name's digest covers the salted SELECT and the salt (a catalog change or a
+    salt rotation gives a new name)."""
     aggregates = tuple(stage_aggregates(rw))
     unit = quote_ident(entry.privacy_unit)
     states = ", ".join(f"{state_sql(a)} AS a{i}" for i, a in enumerate(aggregates))
     select = salted(f"SELECT {unit}, {states}\nFROM {entry.table_sql}\nGROUP BY {unit}", entry)
-    digest = hashlib.sha256(f"{entry.table}\0{entry.privacy_unit}\0{select}".encode()).hexdigest()[:16]
+    # the salt's digest too: an ungrouped SELECT has no hash, yet a salt rotation must give a new name
+    digest = hashlib.sha256(f"{entry.table}\0{entry.privacy_unit}\0{salt_digest(entry)}\0{select}".encode()
+                            ).hexdigest()[:16]
     return f"{entry.database}__{entry.name}__units_{digest}", aggregates, select
 
 

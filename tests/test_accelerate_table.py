@@ -134,6 +134,25 @@ def test_mutations_and_truncate_fall_back_to_the_table(db):
                         f"AND name LIKE '{acc.name}%'")["n"].iloc[0] == 0  # the view and the table
 
 
+def test_salt_rotation_makes_it_stale(db):
+    """An ungrouped per-unit table holds no hash, but it is keyed on the salt like the others: after
+    a rotation it is not read, and building again gives a new one."""
+    table = _make(db, "salt")
+    _insert(db, table, 0, 100)
+    old = db.accelerate(table, [], method="table")
+    q = UNGROUPED[0].replace(f"{DB}.sales", table)
+    assert _both(db, q)[0] == old.name
+    db.catalog.update(table, rotate_salt=True)
+    assert _both(db, q)[0] == "table"
+    assert [(a.name, a.current) for a in db.accelerations(table)] == [(old.name, False)]
+    new = db.accelerate(table, [], method="table")
+    assert new.name != old.name
+    source, plain, served = _both(db, q)
+    assert source == new.name
+    pd.testing.assert_frame_equal(served, plain)
+    assert db.drop_accelerations(table, stale_only=True) == [old.name]
+
+
 def test_lists_and_drops_both_kinds(db):
     table = _make(db, "both")
     _insert(db, table, 0, 100)
