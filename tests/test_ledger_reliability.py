@@ -23,6 +23,9 @@ from dpch.ledger import APPLICATION_ID, Ledger
 from ledger_stores import ledger_target, pg_server  # noqa: F401  (the two stores)
 
 REPO = Path(__file__).resolve().parents[1]
+# `make test-long` (DPCH_LONG=1) runs the full stress counts; `make test` a representative part of
+# each loop (every iteration checks the whole property on its own).
+LONG = os.environ.get("DPCH_LONG") == "1"
 
 
 def _env() -> dict:
@@ -42,12 +45,20 @@ PREAMBLE = textwrap.dedent("""
 """)
 
 
+def _wait_for(cond, p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not cond():
+        assert p.poll() is None, p.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+
+
 def lap(eps: float) -> PrivacyCost:
     return PrivacyCost((MechanismCost("laplace", 1.0, 1.0 / eps, eps, 0.0, None, "COUNT(*)"),))
 
 
 # ---------------------------------------------------------------------------------------------
-# Concurrency: 8 processes x 200 charges against a budget that allows exactly N
+# Concurrency: 8 processes x 200 charges (20 in make test) against a budget that allows exactly N
 # ---------------------------------------------------------------------------------------------
 
 CHARGE_WORKER = PREAMBLE + textwrap.dedent("""
@@ -58,6 +69,7 @@ CHARGE_WORKER = PREAMBLE + textwrap.dedent("""
     path, go, attempts, wid = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     cost = PrivacyCost((MechanismCost("laplace", 1.0, 4.0, 0.25, 0.0, None, "COUNT(*)"),))
     led = Ledger(path, create=False)
+    open(f"{go}.ready-{wid}", "w").close()
     while not os.path.exists(go):
         time.sleep(0.001)
     ok, rejected, ids = 0, 0, []
@@ -76,7 +88,11 @@ CHARGE_WORKER = PREAMBLE + textwrap.dedent("""
 
 
 def test_concurrent_processes_charge_exactly_the_budget(tmp_path, ledger_target):
-    procs_n, attempts, allowed = 8, 200, 300
+    """8 processes race for a budget of exactly `allowed` charges: 300, with 200 attempts each,
+    under DPCH_LONG=1; 100, with 20 attempts each, in make test (a PostgreSQL charge is a durable
+    SERIALIZABLE commit: ≈ 30 attempts/s here under contention). Either way every process still
+    runs when the budget runs out (≈ 12 of its 20 accepted) and all of them cross the boundary."""
+    procs_n, attempts, allowed = (8, 200, 300) if LONG else (8, 20, 100)
     path = ledger_target
     with Ledger(path) as led:
         led.set_budget("alice", "purchases", allowed * 0.25)  # 0.25 is exact in binary: exactly N fit
@@ -84,7 +100,8 @@ def test_concurrent_processes_charge_exactly_the_budget(tmp_path, ledger_target)
     procs = [subprocess.Popen([sys.executable, "-c", CHARGE_WORKER, str(path), str(go), str(attempts), str(w)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), text=True)
              for w in range(procs_n)]
-    time.sleep(0.5)  # let the workers import and open the ledger
+    for w, p in enumerate(procs):  # every worker has imported and opened the ledger
+        _wait_for(Path(f"{go}.ready-{w}").exists, p)
     t0 = time.perf_counter()
     go.write_text("go")
     results = []
@@ -123,8 +140,9 @@ def test_concurrent_processes_charge_exactly_the_budget(tmp_path, ledger_target)
 
 
 # ---------------------------------------------------------------------------------------------
-# Crash safety: SIGKILL at random points of charge-then-execute, 50 times
+# Crash safety: SIGKILL at random points of charge-then-execute, 50 times (12 in make test)
 # ---------------------------------------------------------------------------------------------
+KILLS = 50 if LONG else 12
 
 CRASH_WORKER = PREAMBLE + textwrap.dedent("""
     import os, sys
@@ -148,6 +166,12 @@ CRASH_WORKER = PREAMBLE + textwrap.dedent("""
 
 
 def test_sigkill_during_charge_then_execute(tmp_path, ledger_target):
+    """KILLS workers (module constants) are SIGKILLed at random points. Even iterations kill at
+    0-100 ms after the ledger is open (so also during the first charge); odd ones wait for the
+    worker's first released answer and then kill at 0-50 ms (mid-stream, after charges committed).
+    The odd iterations make the non-vacuity check deterministic: every one of them killed after
+    progress (the old check, >= 10 of 50 random kills with progress, needed 50 iterations to be
+    reliable: a random kill lands before the first release about 20 % of the time under load)."""
     path = ledger_target
     outdir = tmp_path / "released"
     outdir.mkdir()
@@ -155,17 +179,17 @@ def test_sigkill_during_charge_then_execute(tmp_path, ledger_target):
         led.set_budget("alice", "purchases", 1e9)
     rng = random.Random(4)
     kills_with_progress = 0
-    for it in range(50):
+    for it in range(KILLS):
         ready = tmp_path / f"ready-{it}"
         before = len(os.listdir(outdir))
         p = subprocess.Popen([sys.executable, "-c", CRASH_WORKER, str(path), str(outdir), str(ready)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env())
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert p.poll() is None, p.stderr.read().decode()
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        time.sleep(rng.uniform(0.0, 0.1))
+        _wait_for(ready.exists, p)
+        if it % 2:
+            _wait_for(lambda: len(os.listdir(outdir)) > before, p)
+            time.sleep(rng.uniform(0.0, 0.05))
+        else:
+            time.sleep(rng.uniform(0.0, 0.1))
         p.send_signal(signal.SIGKILL)
         p.wait()
         p.stderr.close()
@@ -185,7 +209,7 @@ def test_sigkill_during_charge_then_execute(tmp_path, ledger_target):
         assert st.spent.epsilon == pytest.approx(0.1 * len(hist))
         # a charge may exist without a released answer (killed between commit and release): fail closed
         assert set(released) <= set(hist)
-    assert kills_with_progress >= 10  # kills landed while charges were being made, not only before
+    assert kills_with_progress >= KILLS // 2  # kills landed while charges were being made, not only before
     with Ledger(path, create=False) as led:
         outcomes = {h.outcome for h in led.history()}
     assert outcomes <= {"reserved", "executed"}
