@@ -557,8 +557,9 @@ class Explanation:
             if p["auto"]:
                 lines.append(f"bounds from the data: {', '.join(p['auto'])} = 'auto': histograms of "
                              f"{' and '.join(p['histograms']) or '(none needed)'} on a {p['grid']}, "
-                             f"ε={p['auto_epsilon']:.6g}; {p['rule']}; the bounds above are the catalog's, "
-                             "replaced by the chosen ones when the query runs")
+                             f"ε={p['auto_epsilon']:.6g}; {p['rule']}; the bounds, noise scales and "
+                             "intervals above are the catalog's (an 'auto' column's clipping bounds a "
+                             "placeholder (0, 1)), replaced by the chosen ones when the query runs")
             if p["bias_epsilon"]:
                 lines.append(f"bias counts (units cut by bounding, values clipped): ε={p['bias_epsilon']:.6g}")
         lines.append(f"total cost: ε={self.epsilon:.6g}, δ={self.delta:.3g} "

@@ -132,6 +132,9 @@ def test_one_charge_of_exactly_epsilon_and_explain_shows_the_split(adb):
                      max_rows_per_unit="auto", bias_share=0.05)
     assert ex.profile["auto_epsilon"] == pytest.approx(0.04) and ex.profile["bias_epsilon"] == pytest.approx(0.02)
     assert ex.epsilon == pytest.approx(0.4) and "bounds from the data" in str(ex)
+    # the scales shown are not the query's: explain says so (an 'auto' column's are a placeholder)
+    assert "noise scales and intervals above are the catalog's" in str(ex)
+    assert "placeholder (0, 1)" in str(adb.explain(f"SELECT SUM(amount) FROM {T}", epsilon=1.0, bounds="auto"))
 
 
 def test_fixed_bounds_warn_about_their_bias(adb):
