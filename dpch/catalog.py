@@ -202,7 +202,24 @@ class Catalog:
         self.backend.command(
             f"INSERT INTO {META_TABLE} (table_name, version, deleted, spec, salt) VALUES "
             f"({quote_string(table)}, {version}, {1 if deleted else 0}, {quote_string(spec)}, {quote_string(salt)})")
-        self._invalidate()
+        self._written(table, None if deleted else _entry_from_row(table, spec, salt, version))
+
+    def _written(self, table: str, entry: TableEntry | None) -> None:
+        """Put this process's own write into its cached catalog instead of dropping the cache (a reload
+        reads every version ever written). Under the load lock, after the INSERT: a load that read
+        the table before the write has stored its copy by then, and the patch makes it current."""
+        with _backend_lock(self.backend):
+            cached = getattr(self.backend, "_dpch_catalog_cache", None)
+            if cached is None:
+                return
+            stamp, entries = cached
+            entries = {k: v for k, v in entries.items() if k != table}
+            if entry is not None:
+                entries[table] = entry
+            try:
+                self.backend._dpch_catalog_cache = (stamp, entries)
+            except AttributeError:  # pragma: no cover
+                pass
 
     def _load_uncached_version(self, table: str) -> int | None:
         df = self.backend.query_df(

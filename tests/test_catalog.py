@@ -97,3 +97,32 @@ def test_unqualified_names_use_the_default_database(cat, db):
     e = cat.register("t_catalog_plain", privacy_unit="u")
     assert e.table == "default.t_catalog_plain" and "default.t_catalog_plain" in cat
     cat.drop("t_catalog_plain")
+
+
+def test_own_writes_update_the_cached_catalog_without_a_reload(cat, db, monkeypatch):
+    """A write patches this process's cached catalog (a reload reads every version ever written):
+    register, update and drop are seen at once, with no read of dpch_meta.catalog, and the cache
+    equals what a reload from the engine gives."""
+    cat.get(f"{DB}.sales") if f"{DB}.sales" in cat else None  # the cache is warm
+    reads = []
+    real = db.backend.query_df
+
+    def spy(sql, *a, **kw):
+        if "argMax(spec, version)" in sql:
+            reads.append(sql)
+        return real(sql, *a, **kw)
+
+    monkeypatch.setattr(db.backend, "query_df", spy)
+    cat.register(f"{DB}.sales", privacy_unit="uid", bounds={"amount": (0, 7)}, replace=True)
+    assert cat.get(f"{DB}.sales").bounds["amount"] == (0.0, 7.0)
+    cat.update(f"{DB}.sales", bounds={"amount": (0, 9)})
+    cached = cat.get(f"{DB}.sales")
+    assert cached.bounds["amount"] == (0.0, 9.0)
+    assert reads == []
+    reloaded = Catalog(db.backend)
+    reloaded.refresh()
+    again = reloaded.get(f"{DB}.sales")
+    assert (again.to_dict(), again.salt, again.version) == (cached.to_dict(), cached.salt, cached.version)
+    assert len(reads) == 1
+    cat.drop(f"{DB}.sales")
+    assert f"{DB}.sales" not in cat and len(reads) == 1
