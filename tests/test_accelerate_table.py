@@ -209,6 +209,25 @@ def test_gateway_refuses_the_per_unit_table(tdb):
     assert not any(shown["create_table_query"].astype(str).str.len())
 
 
+def test_gateway_answers_from_it(tdb, monkeypatch):
+    """The gateway's path (run_query_formatted) reads the per-unit table too."""
+    import dpch.controller as controller
+
+    acc = tdb.accelerate(f"{DB}.sales", ["region"], method="table")
+    seen = []
+
+    def spy(*a):
+        out = real(*a)
+        seen.append(out[1])
+        return out
+
+    real = controller.serve_per_unit
+    monkeypatch.setattr(controller, "serve_per_unit", spy)
+    ans = router.answer(_Gateway(tdb), ANALYST, GROUPED[1], {"dpch_epsilon": "1"}, DB)
+    assert seen == [acc.name] and ans.kind == "dp" and ans.rows == len(REGIONS)
+    assert all(r.encode() in ans.body for r in REGIONS)
+
+
 _counter = itertools.count()
 
 
