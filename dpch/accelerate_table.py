@@ -28,6 +28,7 @@ grant analysts nothing on ``dpch_accel`` (as for ``dpch_meta``).
 from __future__ import annotations
 
 import hashlib
+import re
 
 from .catalog import META_DATABASE, is_nullable, quote_ident, quote_string
 from .errors import CatalogError, DPCHError
@@ -36,6 +37,7 @@ from .rewrite.unit_table import (ACCEL_DATABASE, MUTATION_NUMBER, UNIT_TABLES, U
 
 # MergeTree engines that keep every inserted row (the others merge rows away: count() drifts)
 _ENGINES = ("MergeTree", "ReplicatedMergeTree", "SharedMergeTree")
+_LIGHTWEIGHT_ON = re.compile(r"enable_block_number_column\s*=\s*(1|true)\b", re.IGNORECASE)
 
 
 def _ensure_meta(conn) -> None:
@@ -90,7 +92,7 @@ def build(conn, entry, rw, group_by: tuple[str, ...], columns: tuple[str, ...]) 
     if engine not in _ENGINES:
         raise CatalogError(f"a per-unit table needs a plain MergeTree table (rows never merged away); "
                            f"{entry.table} is {engine}: use method='projection'")
-    if lightweight_updates_on(conn.backend) or "enable_block_number_column = 1" in engine_full or "enable_block_number_column = true" in engine_full:
+    if lightweight_updates_on(conn.backend) or _LIGHTWEIGHT_ON.search(engine_full):
         raise CatalogError(f"{entry.table} allows lightweight updates (enable_block_number_column), which no "
                            "metadata shows once merged: a per-unit table could not tell it is stale")
     mutations = (f"FROM system.mutations WHERE database = {quote_string(entry.database)} "
@@ -128,8 +130,8 @@ def build(conn, entry, rw, group_by: tuple[str, ...], columns: tuple[str, ...]) 
 
 
 def existing(conn, ut: UnitTable) -> bool:
-    df = conn.backend.query_df(f"SELECT count() AS n FROM system.tables WHERE database = {quote_string(ACCEL_DATABASE)} "
-                               f"AND name = {quote_string(ut.name)}")
+    df = conn.backend.query_df(f"SELECT count() AS n FROM system.tables WHERE database = "
+                               f"{quote_string(ACCEL_DATABASE)} AND name = {quote_string(ut.name)}")
     return bool(df["n"].iloc[0])
 
 

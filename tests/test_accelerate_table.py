@@ -166,12 +166,25 @@ def test_lists_and_drops_both_kinds(db):
         db.accelerate(table, ["region"], method="mv")
 
 
-def test_refuses_engines_that_merge_rows_away(db):
+def test_refuses_engines_that_merge_rows_away_and_lightweight_updates(db):
     db.command(f"CREATE TABLE IF NOT EXISTS {DB}.repl (uid UInt64, amount Float64) ENGINE = ReplacingMergeTree "
                "ORDER BY uid")
     db.catalog.register(f"{DB}.repl", privacy_unit="uid", bounds={"amount": (0, 1)}, replace=True)
     with pytest.raises(CatalogError, match="plain MergeTree"):
         db.accelerate(f"{DB}.repl", [], method="table")
+    # lightweight updates: refused at build; switched on later, the engine definition changes: stale
+    db.command(f"CREATE TABLE IF NOT EXISTS {DB}.lwu (uid UInt64, amount Float64) ENGINE = MergeTree ORDER BY uid "
+               "SETTINGS enable_block_number_column = 1, enable_block_offset_column = 1")
+    db.catalog.register(f"{DB}.lwu", privacy_unit="uid", bounds={"amount": (0, 1)}, replace=True)
+    with pytest.raises(CatalogError, match="lightweight updates"):
+        db.accelerate(f"{DB}.lwu", [], method="table")
+    table = _make(db, "later")
+    _insert(db, table, 0, 50)
+    acc = db.accelerate(table, [], method="table")
+    q = UNGROUPED[0].replace(f"{DB}.sales", table)
+    assert _both(db, q)[0] == acc.name
+    db.command(f"ALTER TABLE {table} MODIFY SETTING enable_block_number_column = 1, enable_block_offset_column = 1")
+    assert _both(db, q)[0] == "table"
 
 
 class _Gateway:
