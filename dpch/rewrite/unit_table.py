@@ -14,8 +14,8 @@ each call. Every stage above is unchanged: the pre-noise values are the same num
 Fail-safe (``fresh``, one metadata query before each use): the table is read only if T still has
 the UUID and engine definition recorded at build (lightweight updates off: their patch parts are
 applied at merges, after which no metadata shows them), the materialized view is still among its
-dependants, every mutation of T is one that was done before the build, and ``count()`` of T
-(answered from part metadata) equals the rows the per-unit table has seen. Lightweight updates
+dependants, every mutation of T is one that was done before the build, and T's row count
+(``total_rows``, from part metadata) equals the rows the per-unit table has seen. Lightweight updates
 off server-wide is checked at most once a minute per process. Inserts go through the view into
 both; deletes, updates, TRUNCATE, partition drops and inserts that bypass the view break one of
 these, and queries read T. Not detected: partition surgery that adds exactly as many rows as it
@@ -191,18 +191,19 @@ def per_unit_sql(ut: UnitTable, rw: _Rewriter, key_hash: bool) -> str:
 
 
 def freshness_sql(ut: UnitTable, entry: TableEntry) -> str:
-    """One row: whether ``ut`` still holds exactly T's rows (see the module docstring): T's row
-    count (from part metadata) against the per-unit table's, T's own row of system.tables (same
-    UUID and engine, the view still among its dependants) and its mutations."""
+    """One row: whether ``ut`` still holds exactly T's rows (see the module docstring): T's own row
+    of system.tables (same UUID and engine, the view still among its dependants, its row count
+    equal to the per-unit table's) and T's mutations."""
     d, t = quote_string(entry.database), quote_string(entry.name)
     rows = f"a{ut.aggregates.index(ROWS)}"
+    # total_rows: T's rows from part metadata (what a trivial count() reads), in the same row
     return (
         "SELECT "
-        f"(SELECT count() FROM {entry.table_sql}) = (SELECT countMerge({rows}) FROM {ut.target_sql}) "
-        f"AND (SELECT count() FROM system.tables WHERE database = {d} AND name = {t} "
+        f"(SELECT count() FROM system.tables WHERE database = {d} AND name = {t} "
         f"AND toString(uuid) = {quote_string(ut.table_uuid)} AND engine_full = {quote_string(ut.engine_full)} "
         f"AND has(arrayZip(dependencies_database, dependencies_table), "
-        f"({quote_string(ACCEL_DATABASE)}, {quote_string(ut.view_name)}))) = 1 "
+        f"({quote_string(ACCEL_DATABASE)}, {quote_string(ut.view_name)})) "
+        f"AND total_rows = (SELECT countMerge({rows}) FROM {ut.target_sql})) = 1 "
         f"AND (SELECT count() FROM system.mutations WHERE database = {d} AND table = {t} "
         f"AND (NOT is_done OR {MUTATION_NUMBER} > {int(ut.mutation)})) = 0 AS fresh")
 
