@@ -271,12 +271,15 @@ def serve(backend, plan, rewritten: Rewritten) -> tuple[Rewritten, str]:
     entry = plan.entry
     if type(entry) is not TableEntry or entry.row_level or two_phase(plan):
         return rewritten, "table"
+    candidates = recorded(backend, entry.table)  # cached: most tables have none, decided here
+    if not candidates:
+        return rewritten, "table"
     rw = _Rewriter(plan, noise=True, selection=True, table=None)
     if _unservable(plan, rw) is not None:
         return rewritten, "table"
     kh = rw.by_key_hash()
     needed = [c for _, a in rw._per_unit_named(inline=True, key_hash=kh) for c in _calls(a)]
-    for ut in recorded(backend, entry.table):
+    for ut in candidates:
         if ut.serves(entry, needed) and fresh(backend, ut, entry):
             return _rewritten_from(ut, plan, rewritten), ut.name
     return rewritten, "table"
