@@ -26,7 +26,7 @@ from .errors import (ACCESS_DENIED, DPCH_INVALID_PARAMETER, DPCH_MISSING_EPSILON
                      from_dpch)
 
 _FORMAT_NAME = re.compile(r"[A-Za-z0-9_]+")
-_DENIED_DATABASES = {"system", "information_schema", "dpch_meta"}
+_DENIED_DATABASES = {"system", "information_schema", "dpch_meta", "dpch_accel"}  # dpch_accel: per-unit states
 DP_SETTING_NAMES = {n for n, *_ in metadata.DP_SETTINGS}
 
 
