@@ -52,7 +52,8 @@ test-quick: install
 
 # The stress and fuzz loops at their full counts (DPCH_LONG=1; `make test` runs a representative part
 # of each, and every iteration checks the whole property): kill -9 rounds, charge contention, fuzz examples.
-LONG_TESTS = tests/test_ledger_reliability.py tests/test_ledger_concurrency.py tests/test_totality_fuzz.py
+LONG_TESTS = tests/test_ledger_reliability.py tests/test_ledger_concurrency.py tests/test_totality_fuzz.py \
+	tests/attacks/test_attack_ptr.py
 test-long: install system-deps
 	DPCH_LONG=1 $(VPY) -m pytest -q $(PYTEST_PARALLEL) $(LONG_TESTS)
 

@@ -244,11 +244,12 @@ def test_release_stays_in_range_and_matches_mse():
 
 
 def test_confidence_interval_covers():
+    """Coverage of the 90 % interval over 4000 releases at q = 0 (the edge) and 30. Each interval
+    is computed once (≈ 0.35 ms each); only the 4000 releases checked are drawn."""
     m = BoundedLaplaceMechanism.calibrated(1.0, 1.0, 1e-12, 0.0, 100.0)
     for q in (0.0, 30.0):
-        x = m.sample(q, 20_000)
-        cover = np.mean([m.confidence_interval(v, 0.9).lower <= q <= m.confidence_interval(v, 0.9).upper
-                         for v in x[:4000]])
+        cis = [m.confidence_interval(v, 0.9) for v in m.sample(q, 4000)]
+        cover = np.mean([ci.lower <= q <= ci.upper for ci in cis])
         assert cover >= 0.9 - 4 * math.sqrt(0.09 / 4000)
     meta = m.metadata(1.0)
     assert meta["epsilon"] <= 1.0 + 1e-9 and meta["ci_halfwidth"] > 0
