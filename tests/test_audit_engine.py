@@ -401,30 +401,34 @@ def test_controller_empty_neighbour_is_not_a_false_alarm(eng):
 # CLI (own process: chDB holds one store per process)
 # ---------------------------------------------------------------------------------------------
 def test_cli(tmp_path):
+    """`dpch audit` twice in one process (one engine start-up instead of two): a correct count is
+    consistent (exit 0, report files written), a count at scale 0.5 claimed ε = 0.5 is a VIOLATION
+    (exit 1): true ε = 2 vs claimed 0.5 on 1000 held-out samples; missing it: P_search < 1e-50
+    (20 000 simulated selections)."""
     repo = Path(__file__).resolve().parents[1]
+    data = str(tmp_path / "data")
+    base = ["audit", "--data-dir", data, "--samples", "2000", "--pilot", "100", "--confidence", str(CONF),
+            "--no-progress"]
+    ok_args = base + ["SELECT dp_count(1.0) AS n FROM t", "--epsilon", "1", "--report-dir", str(tmp_path / "rep")]
+    bad_args = base + ["SELECT dpch_laplace_int(toInt64(count()), 0.5) AS n FROM t", "--epsilon", "0.5",
+                       "--neighbour", "add-row", "--record", "x=3"]
     script = textwrap.dedent(f"""
         import sys, dpch
         from dpch.cli import main
-        db = dpch.connect({str(tmp_path / 'data')!r})
+        db = dpch.connect({data!r})
         db.command("CREATE TABLE IF NOT EXISTS t (x Float64) ENGINE = MergeTree ORDER BY tuple()")
         db.command("TRUNCATE TABLE t")
         db.command("INSERT INTO t SELECT number FROM numbers(100)")
         db.close()
-        sys.exit(main(sys.argv[1:]))
+        ok = main({ok_args!r})
+        print("=== second audit", flush=True)
+        bad = main({bad_args!r})
+        sys.exit(10 * ok + bad)
     """)
     env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    base = [sys.executable, "-c", script, "audit", "--data-dir", str(tmp_path / "data"),
-            "--samples", "2000", "--pilot", "100", "--confidence", str(CONF), "--no-progress"]
-    ok = subprocess.run(base + ["SELECT dp_count(1.0) AS n FROM t", "--epsilon", "1",
-                                "--report-dir", str(tmp_path / "rep")],
-                        capture_output=True, text=True, env=env, timeout=300)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "verdict: consistent" in ok.stdout
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr  # ok: 0, bad: 1
+    ok_out, _, bad_out = run.stdout.partition("=== second audit")
+    assert "verdict: consistent" in ok_out and "VIOLATION" not in ok_out
     assert (tmp_path / "rep" / "report.json").exists() and (tmp_path / "rep" / "histograms.png").exists()
-    # scale 0.5 on a count: true ε = 2 vs claimed 0.5 on 1000 held-out samples; missing it:
-    # P_search < 1e-50 (20 000 simulated selections)
-    bad = subprocess.run(base + ["SELECT dpch_laplace_int(toInt64(count()), 0.5) AS n FROM t",
-                                 "--epsilon", "0.5", "--neighbour", "add-row", "--record", "x=3"],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "verdict: VIOLATION" in bad.stdout
+    assert "verdict: VIOLATION" in bad_out
