@@ -4,8 +4,9 @@ engine shares the session-scoped `db` connection (tables are namespaced per test
 Parallel runs (`make test`: pytest-xdist, `-n auto --dist loadfile --no-loadscope-reorder`). Each
 worker is its own process with its own `db` store (tmp_path_factory is per worker). A module runs
 whole on one worker, so its module fixtures (tables it builds, a gateway it starts) are built once and
-its tests keep their order. Modules go out longest first (those with a `slow` test, then by number
-of tests), so that no long module starts last and keeps one worker busy alone at the end.
+its tests keep their order. Modules go out longest first, by their measured seconds
+(tests/module_seconds.py), so that no long module starts last and keeps one worker busy alone at
+the end.
 (`--dist loadgroup` would spread single tests, but with pytest 9.2 it silently stops grouping:
 pytest-xdist issue #1386.)
 
@@ -56,9 +57,20 @@ def pytest_collection_modifyitems(config, items):
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    # longest first (kept by --no-loadscope-reorder); sorted() keeps each module's own order
-    order = sorted(modules.values(), key=lambda m: (not any(i.get_closest_marker("slow") for i in m), -len(m)))
-    items[:] = [i for module in order for i in module]
+    # longest first by measured seconds (tests/module_seconds.json; a module not measured yet: 30 s
+    # if it has a `slow` test, else 0.1 s a test), kept by --no-loadscope-reorder: a worker takes the
+    # next module when it runs out, so the run ends on short modules on both workers
+    import module_seconds
+
+    seconds = module_seconds.load()
+
+    def expected(path: str, module: list) -> float:
+        if path in seconds:
+            return seconds[path]
+        return 30.0 if any(i.get_closest_marker("slow") for i in module) else 0.1 * len(module)
+
+    order = sorted(modules.items(), key=lambda kv: -expected(*kv))
+    items[:] = [i for _, module in order for i in module]
 
 
 @pytest.fixture(autouse=True)
