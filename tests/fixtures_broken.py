@@ -147,18 +147,23 @@ def quantile_midpoint(bucket, lo: float, hi: float):
     return np.clip(lo + (np.asarray(bucket, dtype=float) + 0.5) * ((hi - lo) / QUANTILE_BUCKETS), lo, hi)
 
 
-def kernel_quantile(q: float, lo: float, hi: float, eps: float, column: str = "x"):
-    """CORRECT: dp_quantile(x, q, lo, hi, eps) through the kernel (QuantileMechanism.sample, the
-    code path of the SQL function's UDF): ε-DP under add/remove-one-row."""
+def kernel_quantile(levels, eps: float, lo: float, hi: float, column: str = "x"):
+    """CORRECT: dp_quantile(s)(x, levels, lo, hi, eps) through the kernel (QuantileMechanism.sample,
+    the code path of the SQL functions' UDF): ε-DP under add/remove-one-row. Released on a window
+    of the 2^16 grid around the data (its first bucket one below the data's, its last one above):
+    the buckets left out are chosen with probability < 1e-12 on the full grid on the audit
+    designs, so the window changes the output law by less than that, and a release costs
+    microseconds instead of 9 ms."""
     from dpch.mechanisms import QuantileMechanism
 
     mech = QuantileMechanism(eps)
 
     def mechanism(df, n):
         keys, counts = quantile_histogram(df[column], lo, hi)
-        chosen = mech.sample(keys, counts, QUANTILE_BUCKETS, [q], n)
-        return quantile_midpoint([c[0] for c in chosen], lo, hi)
-    mechanism.__name__ = f"kernel_quantile(q={q}, eps={eps})"
+        first = int(keys[0]) - 1
+        chosen = mech.sample(keys - first, counts, int(keys[-1]) - first + 2, levels, n)
+        return quantile_midpoint(np.asarray(chosen) + first, lo, hi)
+    mechanism.__name__ = f"kernel_quantile(levels={levels}, eps={eps})"
     return mechanism
 
 

@@ -209,12 +209,12 @@ def test_kernel_quantile_callable_no_false_alarm():
     """The kernel (QuantileMechanism.sample) as a Python mechanism on the 0.9 design's DataFrame:
     consistent at confidence 1 − 1e-8, and the shares at Y on D and D′ match the exact
     probabilities within 6.5 s.d. (`_within`). On the window of the grid around the data
-    (`_kernel_window`: the law of the full grid within 1e-12, the same claim that makes
+    (`fixtures_broken.kernel_quantile`: the law of the full grid within 1e-12, the same claim that makes
     `event_probabilities` exact): a release costs 0.06 ms there against 9 ms on the 2^16 grid. The
     full grid is audited through dp_quantile on the same design (test_quantile_functions_no_false_alarm)."""
     d = quantile_design(0.9, LO, HI, 1.0)
     frame = d.frame()
-    r = audit(_kernel_window([0.9], 1.0, LO, HI), data=frame, epsilon=1.0, samples=1000,
+    r = audit(fx.kernel_quantile([0.9], 1.0, LO, HI), data=frame, epsilon=1.0, samples=1000,
               confidence=CONF, where=np.asarray(frame["x"] == d.removed_value), pilot=0)
     assert r.verdict == "consistent", r.text()
     p, p_prime = d.event_probabilities()
@@ -235,24 +235,6 @@ def test_broken_argmax_is_a_violation():
     assert r.epsilon_lb > 2.0
 
 
-def _kernel_window(levels, eps, lo, hi):
-    """The kernel's release of `levels` (QuantileMechanism.sample) at `eps` on a window of the 2^16
-    grid around the data (its first bucket one below the data's, its last one above): the buckets
-    of the design left out are chosen with probability < 1e-12 on the full grid, so the window
-    changes the output law by less than that, and it makes a release cost microseconds."""
-    from dpch.mechanisms import QuantileMechanism
-
-    mech = QuantileMechanism(eps)
-
-    def mechanism(df, n):
-        keys, counts = fx.quantile_histogram(df["x"], lo, hi)
-        first = int(keys[0]) - 1
-        chosen = mech.sample(keys - first, counts, int(keys[-1]) - first + 2, levels, n)
-        return fx.quantile_midpoint(np.asarray(chosen) + first, lo, hi)
-    mechanism.__name__ = f"kernel_window(levels={levels}, eps={eps})"
-    return mechanism
-
-
 def test_broken_two_levels_without_the_split_is_a_violation():
     """BROKEN: both levels of dp_quantiles(x, [0.25, 0.5], …) released at the full ε = 1 each (the
     ε/2 split of sequential composition forgotten: 2-DP), claimed ε = 1, on the design built for
@@ -268,13 +250,13 @@ def test_broken_two_levels_without_the_split_is_a_violation():
     p_y = [(1 - (1 - math.exp(-0.5)) ** 3) / (3 * math.exp(-0.5)), math.exp(-0.5) / 3]
     assert [len(s.improving) for s in d.stages] == [2, 2]
     assert math.log(p_y[0] ** 2 / p_y[1] ** 2) > 1.8
-    r = best_of(2, lambda: audit(_kernel_window([0.25, 0.5], 2.0, LO, HI), data=frame, epsilon=1.0,
+    r = best_of(2, lambda: audit(fx.kernel_quantile([0.25, 0.5], 2.0, LO, HI), data=frame, epsilon=1.0,
                                  samples=10_000, confidence=1 - 1e-3, pilot=0,
                                  where=np.asarray(frame["x"] == d.removed_value)),
                 lambda r: r.verdict == "VIOLATION")
     assert r.verdict == "VIOLATION", r.text()
     # and the correct release (ε/2 per level) on the same data is not one, at the same confidence
-    ok = audit(_kernel_window([0.25, 0.5], 1.0, LO, HI), data=frame, epsilon=1.0, samples=10_000,
+    ok = audit(fx.kernel_quantile([0.25, 0.5], 1.0, LO, HI), data=frame, epsilon=1.0, samples=10_000,
                confidence=CONF, pilot=0, where=np.asarray(frame["x"] == d.removed_value))
     assert ok.verdict == "consistent", ok.text()
 
