@@ -176,16 +176,17 @@ def accelerations(conn, table: str) -> list[Acceleration]:
 def _listed_tables(conn, qualified: str) -> list[Acceleration]:
     """The per-unit tables of ``qualified``: current = built for the catalog entry as it is now,
     and fresh (what the rewrite requires to read one)."""
-    out = []
-    for ut in accelerate_table.present(conn, qualified):
-        try:
-            plan, rw = template_plan(conn, qualified, ut.group_by, ut.columns)
-            current = accelerate_table.definition(plan.entry, rw)[0] == ut.name and \
-                fresh(conn.backend, ut, plan.entry)
-        except CatalogError:
-            current = False
-        out.append(Acceleration(qualified, ut.name, ut.group_by, ut.columns, current, "table"))
-    return out
+    return [Acceleration(qualified, ut.name, ut.group_by, ut.columns, _current(conn, qualified, ut), "table")
+            for ut in accelerate_table.present(conn, qualified)]
+
+
+def _current(conn, qualified: str, ut) -> bool:
+    """Whether per-unit table ``ut`` is built for the catalog entry as it is now, and fresh."""
+    try:
+        plan, rw = template_plan(conn, qualified, ut.group_by, ut.columns)
+        return accelerate_table.definition(plan.entry, rw)[0] == ut.name and fresh(conn.backend, ut, plan.entry)
+    except CatalogError:
+        return False
 
 
 def _listed(conn, qualified: str, existing: set[str]) -> list[Acceleration]:
@@ -218,6 +219,5 @@ def drop_accelerations(conn, table: str, *, stale_only: bool = False) -> list[st
         names = [n for n in names if n in stale]
     for n in names:
         conn.backend.command(f"ALTER TABLE {entry.table_sql} DROP PROJECTION IF EXISTS {quote_ident(n)}")
-    tables = [a.name for a in _listed_tables(conn, qualified) if not (stale_only and a.current)]
     return names + [accelerate_table.drop(conn, ut) for ut in accelerate_table.present(conn, qualified)
-                    if ut.name in tables]
+                     if not (stale_only and _current(conn, qualified, ut))]

@@ -320,13 +320,12 @@ def _served(conn, prepared: Prepared, run: Callable[[Rewritten], Any]) -> tuple[
     is read instead of the table (dpch.rewrite.unit_table: the same pre-noise values, so the same
     guarantee); if reading it fails (dropped meanwhile), the table is read, once."""
     rewritten, source = serve_per_unit(conn.backend, prepared.plan, prepared.rewritten)
-    if source == "table":
-        return run(rewritten), rewritten, source
-    try:
-        return run(rewritten), rewritten, source
-    except DPCHError:
-        forget_per_unit(conn.backend, prepared.plan.entry.table)
-        return run(prepared.rewritten), prepared.rewritten, "table"
+    if source != "table":
+        try:
+            return run(rewritten), rewritten, source
+        except DPCHError:
+            forget_per_unit(conn.backend, prepared.plan.entry.table)
+    return run(prepared.rewritten), prepared.rewritten, "table"
 
 
 def _profiled(conn, prepared: Prepared) -> tuple[Prepared, BiasEstimate]:

@@ -233,10 +233,11 @@ class BoundingStages:
             assert self.weighted is None, "the weighted selection statistic needs the k > 1 path"
             cap = min(b.max_rows, b.rows_per_group)
             named = self._per_unit_named(inline=False, key_hash=kh)
-            per_unit_cols = (["__dp_u"] if kh else []) + [f"{a} AS {n}" for n, a in named]
-            per_unit = (f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u")
             if self.units is not None:  # a maintained per-unit table holds this stage (rewrite.unit_table)
                 per_unit = self.units(self, kh)
+            else:
+                per_unit_cols = (["__dp_u"] if kh else []) + [f"{a} AS {n}" for n, a in named]
+                per_unit = f"SELECT {', '.join(per_unit_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u"
             # the key part of the unit's smallest hash: the key hash of its group
             head = [f"bitXor(__dp_mh, {self._unit_part_sql('__dp_u')}) AS __dp_kh"] if kh else \
                 [f"{self._k(j)}" for j in range(self.nk)]
