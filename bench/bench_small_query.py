@@ -18,8 +18,10 @@ public keys), ``amount`` in [0, 500]; ``privacy_unit = user_id``, 1 group and 10
 3. ``--methods``: the latency again with each per-unit structure (issue 33, item 2): none, the
    per-unit projection (``db.accelerate``) and the per-unit table (``method="table"``), side by
    side in one run; each is built, checked to be what the DP query read, measured, and dropped.
+   ``--methods table`` (a comma list) measures only those; with the per-unit table, also the p50 of
+   its freshness check (``dpch.rewrite.unit_table.fresh``, 50 calls).
 
-    .venv/bin/python bench/bench_small_query.py [--rows 1000000] [--reps 60] [--gateway] [--cold] [--methods]
+    .venv/bin/python bench/bench_small_query.py [--rows 1000000] [--reps 60] [--gateway] [--cold] [--methods [LIST]]
 """
 from __future__ import annotations
 
@@ -165,10 +167,27 @@ def show(title: str, lat: dict) -> None:
               f"{dp / fl:.2f} | {pl99:.1f} | {dp99:.1f} |")
 
 
-def methods_latency(db, reps: int) -> None:
+def freshness_ms(db, name: str, calls: int = 50) -> float:
+    """p50 ms of the per-unit table ``name``'s freshness check (what each served query runs first)."""
+    from dpch.rewrite.unit_table import fresh, recorded
+
+    entry = db.catalog.get("bench.small")
+    ut = next(u for u in recorded(db.backend, "bench.small") if u.name == name)
+    times = []
+    for i in range(calls + 5):
+        t0 = time.perf_counter()
+        assert fresh(db.backend, ut, entry)
+        if i >= 5:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def methods_latency(db, reps: int, methods: list[str]) -> None:
     """DP p50 − plain p50 with no per-unit structure, a per-unit projection and a per-unit table."""
-    out = {"none": paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), reps)}
-    for method in ("projection", "table"):
+    out = {}
+    if "none" in methods:
+        out["none"] = paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), reps)
+    for method in [m for m in ("projection", "table") if m in methods]:
         t0 = time.perf_counter()
         acc = db.accelerate("bench.small", ["region"], method=method)
         built = time.perf_counter() - t0
@@ -176,8 +195,11 @@ def methods_latency(db, reps: int) -> None:
             src = db.query(QUERIES["SUM"][0], epsilon=EPS).attrs["dpch"]["per_unit_source"]
             assert src == acc.name, src
         print(f"{method}: {acc.name} built in {built:.1f} s")
+        if method == "table":
+            print(f"table: freshness check p50 {freshness_ms(db, acc.name):.2f} ms over 50 calls")
         out[method] = paired(db.raw_query, lambda sql: db.query(sql, epsilon=EPS), reps)
         db.drop_accelerations("bench.small")
+    print(f"load now: {os.getloadavg()[0]:.1f}")
     print("\nper-unit structure, in process, p50 ms (plain measured in each configuration: a projection "
           "adds planning to the plain query too):")
     print("| query | " + " | ".join(f"plain ({m}) | DP ({m}) | DP − plain ({m})" for m in out) + " |")
@@ -212,8 +234,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--gateway", action="store_true")
     ap.add_argument("--cold", action="store_true", help="also the stage table with the plan cache emptied each time")
-    ap.add_argument("--methods", action="store_true",
-                    help="only the latency with no per-unit structure, a projection and a per-unit table")
+    ap.add_argument("--methods", nargs="?", const="none,projection,table",
+                    help="only the latency with no per-unit structure, a projection and a per-unit table "
+                         "(or those of this comma list)")
     args = ap.parse_args()
     dirs = [Path(tempfile.mkdtemp(prefix="dpch_bench_small_")) for _ in range(2 if args.gateway else 1)]
     for d in dirs:
@@ -223,7 +246,7 @@ def main() -> int:
     print(f"{args.rows} rows, 100k users, 8 public regions, ε={EPS}, {args.reps} repetitions, medians (ms)\n")
     try:
         if args.methods:
-            methods_latency(db, args.reps)
+            methods_latency(db, args.reps, args.methods.split(","))
             return 0
         for cold in ([False, True] if args.cold else [False]):
             rows = {name: stage_table(db, name, args.reps, cold) for name in QUERIES}

@@ -1,14 +1,16 @@
 """Per-unit tables: ``db.accelerate(table, group_by, method="table")`` (issue 33, item 2).
 
 The alternative to a per-unit projection (dpch.accelerate) that ClickHouse users use for this: an
-``AggregatingMergeTree`` ``dpch_accel.<db>__<table>__units_<digest>`` ``ORDER BY unit`` holding, per
-privacy unit, the ``-State`` of every aggregate call of the per-unit stage that a projection would
-hold (and ``count()``), kept up to date by a ``MATERIALIZED VIEW … TO`` it. A projection costs every
+``AggregatingMergeTree`` ``dpch_accel.<db>__<table>__units2_<digest>`` ``ORDER BY (__dp_total,
+__dp_unit)`` holding, per privacy unit, the ``-State`` of every aggregate call of the per-unit stage
+that a projection would hold (and ``count()``), and one total row of the same states over all rows
+(what the freshness check reads: dpch.rewrite.unit_table), kept up to date by a ``MATERIALIZED VIEW
+… TO`` it. A projection costs every
 query on the table planning time (ClickHouse considers it for each); a per-unit table costs only
 the queries DPCH reads it for, and they read one row per unit instead of every row.
 
 Build order: the per-unit table, then the materialized view, then the backfill ``INSERT INTO target
-SELECT … FROM T GROUP BY unit``: rows inserted after the view exists are covered. On the embedded
+SELECT … FROM T … GROUP BY __dp_total, __dp_unit``: rows inserted after the view exists are covered. On the embedded
 engine nothing runs concurrently with the build. On a server, rows inserted while the backfill runs
 may reach the per-unit table twice (through the view and through the backfill's read): the
 per-unit table then counts more rows than T, the staleness check sees it, and queries read T until
@@ -32,8 +34,9 @@ import re
 
 from .catalog import META_DATABASE, is_nullable, quote_ident, quote_string
 from .errors import CatalogError, DPCHError
-from .rewrite.unit_table import (ACCEL_DATABASE, MUTATION_NUMBER, UNIT_TABLES, UnitTable, forget, fresh,
-                                 lightweight_updates_on, recorded, salt_digest, salted, stage_aggregates, state_sql)
+from .rewrite.unit_table import (ACCEL_DATABASE, MUTATION_NUMBER, STRUCTURE, TOTAL, UNIT, UNIT_TABLES, UnitTable,
+                                 forget, fresh, lightweight_updates_on, recorded, salt_digest, salted,
+                                 stage_aggregates, state_sql)
 
 # MergeTree engines that keep every inserted row (the others merge rows away: count() drifts)
 _ENGINES = ("MergeTree", "ReplicatedMergeTree", "SharedMergeTree")
@@ -50,17 +53,24 @@ def _ensure_meta(conn) -> None:
 
 
 def definition(entry, rw) -> tuple[str, tuple[str, ...], str]:
-    """(name, aggregate calls, the salted SELECT of their states per unit) for the template plan's
-    rewriter ``rw``; the name's digest covers the salted SELECT and the salt (a catalog change or a
-    salt rotation gives a new name)."""
+    """(name, aggregate calls, the salted SELECT of their states per unit and in total) for the
+    template plan's rewriter ``rw``; the name's digest covers the salted SELECT and the salt (a
+    catalog change or a salt rotation gives a new name).
+
+    Each row of T is aggregated twice: under (0, its unit) and under (1, the unit type's default),
+    the total row. One GROUP BY, so one view writes both in one block; the flag comes from the
+    constant array (no setting changes it, unlike GROUPING SETS' ``grouping()``); the CAST keeps
+    the unit's type (``if`` drops LowCardinality), so the unit rows hold the same unit values."""
     aggregates = tuple(stage_aggregates(rw))
     unit = quote_ident(entry.privacy_unit)
     states = ", ".join(f"{state_sql(a)} AS a{i}" for i, a in enumerate(aggregates))
-    select = salted(f"SELECT {unit}, {states}\nFROM {entry.table_sql}\nGROUP BY {unit}", entry)
+    key = f"CAST(if({TOTAL} = 1, defaultValueOfArgumentType({unit}), {unit}), toTypeName({unit})) AS {UNIT}"
+    select = salted(f"SELECT {TOTAL}, {key}, {states}\nFROM {entry.table_sql}\nARRAY JOIN [0, 1] AS {TOTAL}\n"
+                    f"GROUP BY {TOTAL}, {UNIT}", entry)
     # the salt's digest too: an ungrouped SELECT has no hash, yet a salt rotation must give a new name
     digest = hashlib.sha256(f"{entry.table}\0{entry.privacy_unit}\0{salt_digest(entry)}\0{select}".encode()
                             ).hexdigest()[:16]
-    return f"{entry.database}__{entry.name}__units_{digest}", aggregates, select
+    return f"{entry.database}__{entry.name}__{STRUCTURE}_{digest}", aggregates, select
 
 
 def _table_facts(conn, entry) -> tuple[str, str, str]:
@@ -103,11 +113,10 @@ def build(conn, entry, rw, group_by: tuple[str, ...], columns: tuple[str, ...]) 
         raise CatalogError(f"{entry.table} has unfinished mutations; build the per-unit table once they are done")
     _drop(conn, name)
     target = f"{quote_ident(ACCEL_DATABASE)}.{quote_ident(name)}"
-    unit = quote_ident(entry.privacy_unit)
     nullable = " SETTINGS allow_nullable_key = 1" if is_nullable(entry.columns.get(entry.privacy_unit, "")) else ""
     try:
         conn.backend.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(ACCEL_DATABASE)}")
-        conn.backend.command(f"CREATE TABLE {target} ENGINE = AggregatingMergeTree ORDER BY {unit}{nullable} "
+        conn.backend.command(f"CREATE TABLE {target} ENGINE = AggregatingMergeTree ORDER BY ({TOTAL}, {UNIT}){nullable} "
                              f"EMPTY AS {select}")
         # the view before the backfill: rows inserted from now on are covered
         conn.backend.command(f"CREATE MATERIALIZED VIEW {quote_ident(ACCEL_DATABASE)}.{quote_ident(name + '__mv')} "

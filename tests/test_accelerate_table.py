@@ -7,18 +7,20 @@ rewriter with the per-unit stage that ``serve`` chose. Both must be equal exactl
 fixed-point sums)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from dpch import accelerate_table
 from dpch.controller import prepare
 from dpch.errors import CatalogError
 from dpch.gateway import router
 from dpch.gateway.errors import GatewayError
 from dpch.rewrite import _Rewriter, rewrite_for_sensitivity_check
-from dpch.rewrite.unit_table import per_unit_sql, recorded, serve
+from dpch.rewrite.unit_table import ROWS, TOTAL, UNIT, forget, fresh, freshness_sql, per_unit_sql, recorded, serve
 
 DB = "t_acctab"
 ANALYST = "tester"
@@ -39,11 +41,12 @@ def _insert(db, table: str, first_unit: int, units: int, seed: int = 0) -> None:
         f"WHERE number % 12 < 1 + cityHash64(intDiv(number, 12), 'n', {seed}) % 12")
 
 
-def _make(db, name: str) -> str:
+def _make(db, name: str, unit_type: str = "UInt64") -> str:
     table = f"{DB}.{name}"
     db.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
     db.command(f"DROP TABLE IF EXISTS {table}")
-    db.command(f"CREATE TABLE {table} (uid UInt64, region String, amount Float64) ENGINE = MergeTree ORDER BY uid")
+    db.command(f"CREATE TABLE {table} (uid {unit_type}, region String, amount Float64) ENGINE = MergeTree "
+               "ORDER BY tuple()")
     db.catalog.register(table, privacy_unit="uid", bounds={"amount": (0, 500)}, max_groups_contributed=1,
                         max_rows_per_unit=4, public_keys={"region": REGIONS}, replace=True)
     db.ledger.set_budget(ANALYST, table, epsilon=1e9, delta=0.5)
@@ -86,7 +89,7 @@ def test_serves_count_sum_avg_exactly_before_and_after_inserts(tdb):
     grouped = tdb.accelerate(f"{DB}.sales", ["region"], method="table")
     ungrouped = tdb.accelerate(f"{DB}.sales", [], method="table")
     assert grouped.method == ungrouped.method == "table" and grouped.current and grouped.name != ungrouped.name
-    assert grouped.name.startswith("t_acctab__sales__units_")
+    assert grouped.name.startswith("t_acctab__sales__units2_")
     names = {grouped.name, ungrouped.name}
     _served_equal(tdb, GROUPED, {grouped.name})
     _served_equal(tdb, UNGROUPED, names)
@@ -98,6 +101,96 @@ def test_serves_count_sum_avg_exactly_before_and_after_inserts(tdb):
     df = tdb.query(GROUPED[0], epsilon=1.0)
     assert df.attrs["dpch"]["per_unit_source"] == grouped.name and sorted(df["region"]) == REGIONS
     assert tdb.accelerate(f"{DB}.sales", ["region"], method="table") == grouped  # kept, not rebuilt
+
+
+def _total(db, name: str) -> pd.DataFrame:
+    """The per-unit table's total rows (one per part until merged) and its unit rows' count."""
+    ut = next(u for tb in (f"{DB}.{n}" for n in ("nul", "lc", "parts")) for u in recorded(db.backend, tb)
+              if u.name == name)
+    rows = f"a{ut.aggregates.index(ROWS)}"
+    return db.raw_query(f"SELECT countMergeIf({rows}, {TOTAL} = 1) AS total, countIf({TOTAL} = 1) AS total_rows, "
+                        f"countIf({TOTAL} = 0) AS unit_rows FROM {ut.target_sql}")
+
+
+@pytest.mark.parametrize("unit_type, values", [
+    ("Nullable(UInt64)", ["NULL", "0", "1", "7"]),  # NULL and the type's default (the total row's key) occur
+    ("LowCardinality(String)", ["''", "'a'", "'b'", "'zz'"]),
+])
+def test_total_row_is_never_read_as_a_unit(db, unit_type, values):
+    """The total row (all rows, rows without a unit included) carries the unit type's default (NULL
+    for a nullable unit); units with that value, and rows without a unit, exist here. Only the flag
+    tells the total row apart: every answer equals the plain path's exactly, before and after
+    inserts (new rows of an existing unit, of the default unit, of a new unit, without a unit)."""
+    table = _make(db, "nul" if unit_type.startswith("Nullable") else "lc", unit_type)
+
+    def put(rows):
+        db.command(f"INSERT INTO {table} SELECT arrayJoin([{', '.join(rows)}]) AS uid, "
+                   "concat('r', toString(number % 6)), toFloat64(number * 37 % 600) - 50 FROM numbers(5)")
+
+    put(values)
+    grouped = db.accelerate(table, ["region"], method="table").name
+    ungrouped = db.accelerate(table, [], method="table").name
+    for batch in ([], [values[0], values[1]], ["'new'" if "String" in unit_type else "99"]):
+        if batch:
+            put(batch)
+        _served_equal(db, [q.replace(f"{DB}.sales", table) for q in GROUPED], {grouped})
+        _served_equal(db, [UNGROUPED[0].replace(f"{DB}.sales", table)], {ungrouped})
+        rows = db.raw_query(f"SELECT count() AS n, uniqExact(uid) AS u FROM {table}").iloc[0]
+        for name in (grouped, ungrouped):  # the total counts every row of T, the NULL unit's too
+            t = _total(db, name).iloc[0]
+            assert t["total"] == rows["n"] and t["unit_rows"] >= rows["u"] and t["total_rows"] >= 1
+    db.drop_accelerations(table)
+
+
+def test_each_part_holds_its_total_row(db):
+    """Atomicity: each insert writes its unit rows and the total row counting them in one part (one
+    block of one GROUP BY), so no part can hold a total without its units. Merges stopped: the
+    parts are the inserts' own."""
+    table = _make(db, "parts")
+    _insert(db, table, 0, 200)
+    acc = db.accelerate(table, ["region"], method="table")
+    ut = next(u for u in recorded(db.backend, table) if u.name == acc.name)
+    db.command(f"SYSTEM STOP MERGES {ut.target_sql}")
+    try:
+        for i in range(3):
+            _insert(db, table, 150 + 100 * i, 100, seed=i)
+        rows = f"a{ut.aggregates.index(ROWS)}"
+        parts = db.raw_query(f"SELECT _part, countIf({TOTAL} = 1) AS totals, countMergeIf({rows}, {TOTAL} = 1) AS t, "
+                             f"countMergeIf({rows}, {TOTAL} = 0) AS u FROM {ut.target_sql} GROUP BY _part")
+        assert len(parts) == 4 and (parts["totals"] == 1).all()
+        assert (parts["t"] == parts["u"]).all()  # each part's total counts exactly its unit rows' rows
+        assert _both(db, GROUPED[1].replace(f"{DB}.sales", table))[0] == acc.name
+    finally:
+        db.command(f"SYSTEM START MERGES {ut.target_sql}")
+    db.drop_accelerations(table)
+
+
+def test_a_per_unit_table_of_the_old_structure_is_stale(db):
+    """A per-unit table built before the total row (named ``…__units_<digest>``, checked by
+    merging every unit's count) is never read, even holding the right rows with its view in place:
+    ``accelerations`` shows it stale, ``drop_accelerations(stale_only=True)`` drops it."""
+    table = _make(db, "old")
+    _insert(db, table, 0, 100)
+    acc = db.accelerate(table, [], method="table")
+    new = next(u for u in recorded(db.backend, table) if u.name == acc.name)
+    old = dataclasses.replace(new, name=new.name.replace("__units2_", "__units_"))
+    view = db.raw_query(f"SELECT create_table_query AS q FROM system.tables WHERE database = 'dpch_accel' "
+                        f"AND name = '{new.view_name}'")["q"].iloc[0]
+    db.command(f"CREATE TABLE {old.target_sql} AS {new.target_sql}")
+    db.command(f"INSERT INTO {old.target_sql} SELECT * FROM {new.target_sql}")
+    db.command(view.replace(new.name, old.name))
+    db.command(f"INSERT INTO dpch_meta.unit_tables (table_name, name, unit, aggregates, salt_digest, table_uuid, "
+               f"engine_full, mutation, group_by, columns) SELECT table_name, '{old.name}', unit, aggregates, "
+               f"salt_digest, table_uuid, engine_full, mutation, group_by, columns FROM dpch_meta.unit_tables "
+               f"WHERE name = '{new.name}'")
+    forget(db.backend, table)
+    entry = db.catalog.get(table)
+    assert db.raw_query(freshness_sql(old, entry))["fresh"].iloc[0] == 1  # its rows would pass the check
+    assert not fresh(db.backend, old, entry)
+    assert {(a.name, a.current) for a in db.accelerations(table)} == {(new.name, True), (old.name, False)}
+    accelerate_table.drop(db, new)  # only the old one left: the table is read
+    assert _both(db, UNGROUPED[0].replace(f"{DB}.sales", table))[0] == "table"
+    assert db.drop_accelerations(table, stale_only=True) == [old.name]
 
 
 def test_queries_it_cannot_serve_read_the_table(tdb):

@@ -1,21 +1,29 @@
 """Maintained per-unit tables (dpch.accelerate_table): the per-unit stage read from an
 AggregatingMergeTree that a materialized view keeps up to date, instead of from every row.
 
-A per-unit table ``dpch_accel.<db>__<table>__units_<digest>`` holds, per privacy unit, the
-``-State`` of each aggregate call of the per-unit stage (``_Rewriter._per_unit_named(inline=True)``:
-the same calls a per-unit projection stores) in columns ``a0, a1, …``, plus ``count()`` (the unit's
-rows, for the staleness check). ``UnitTable.aggregates`` lists the calls as the rewriter spells them
-(salt placeholders, not the salt). A plan is served when every aggregate call of its per-unit stage
+A per-unit table ``dpch_accel.<db>__<table>__units2_<digest>`` holds, per privacy unit (row
+``__dp_total = 0``, the unit in ``__dp_unit``), the ``-State`` of each aggregate call of the
+per-unit stage (``_Rewriter._per_unit_named(inline=True)``: the same calls a per-unit projection
+stores) in columns ``a0, a1, …``, plus ``count()``; and one total row (``__dp_total = 1``) with the
+same states over all of T's rows, rows without a unit included. ``ORDER BY (__dp_total,
+__dp_unit)``. Both kinds of row come from one GROUP BY of the same SELECT (each row of T twice,
+``ARRAY JOIN [0, 1] AS __dp_total``; the total row's key is the unit type's default): one view
+writes them in the same block, so the total row counts exactly the rows whose unit rows were
+written. Not ``GROUP BY GROUPING SETS``: its ``grouping()`` flag flips with the inserting session's
+``force_grouping_standard_compatibility`` (checked on chdb 4.4), and the view runs with the
+inserter's settings; the flag here depends on no setting. ``UnitTable.aggregates`` lists the calls
+as the rewriter spells them (salt placeholders, not the salt). A plan is served when every aggregate call of its per-unit stage
 is among them, its unit and salt are the table's, and it passes ``_unservable`` (the projection's
 rules); the per-unit stage ``SELECT unit, aggs FROM T [WHERE unit-only] GROUP BY unit`` then becomes
-``SELECT unit, aggMerge(a<i>) … FROM dpch_accel.… GROUP BY unit`` with the same wrappers around
-each call. Every stage above is unchanged: the pre-noise values are the same numbers.
+``SELECT __dp_unit, aggMerge(a<i>) … FROM dpch_accel.… WHERE __dp_total = 0 GROUP BY __dp_unit``
+with the same wrappers around each call (the flag, never a unit value, tells the total row apart). Every stage above is unchanged: the pre-noise values are the same numbers.
 
 Fail-safe (``fresh``, one metadata query before each use): the table is read only if T still has
 the UUID and engine definition recorded at build (lightweight updates off: their patch parts are
 applied at merges, after which no metadata shows them), the materialized view is still among its
 dependants, every mutation of T is one that was done before the build, and T's row count
-(``total_rows``, from part metadata) equals the rows the per-unit table has seen. Lightweight updates
+(``total_rows``, from part metadata) equals the total row's merged ``count()`` (the rows the view
+and the backfill have seen: one row per part to read, not one state per unit). Lightweight updates
 off server-wide is checked at most once a minute per process. Inserts go through the view into
 both; deletes, updates, TRUNCATE, partition drops and inserts that bypass the view break one of
 these, and queries read T. Not detected: partition surgery that adds exactly as many rows as it
@@ -43,6 +51,10 @@ from .rewriter import _Rewriter
 from .shards import two_phase
 
 ACCEL_DATABASE = "dpch_accel"
+# the structure's name part: "units" (before the total row) tables are stale, never read
+STRUCTURE = "units2"
+TOTAL = "__dp_total"  # 1 on the total row, 0 on the unit rows
+UNIT = "__dp_unit"  # the unit (the type's default on the total row)
 UNIT_TABLES = f"{META_DATABASE}.unit_tables"
 ROWS = "count()"
 # a mutation's number (mutation_<block>.txt, or a replicated table's sequence number): increasing
@@ -163,6 +175,11 @@ class UnitTable:
     def view_name(self) -> str:
         return self.name + "__mv"
 
+    @property
+    def current_structure(self) -> bool:
+        """Built by this code (with the total row); an older structure is stale."""
+        return self.name.rsplit("__", 1)[-1].startswith(STRUCTURE + "_")
+
     def column_of(self) -> dict[str, str]:
         return {a: f"a{i}" for i, a in enumerate(self.aggregates)}
 
@@ -175,25 +192,23 @@ def per_unit_sql(ut: UnitTable, rw: _Rewriter, key_hash: bool) -> str:
     """The per-unit stage read from ``ut``: the same output columns as
     ``BoundingStages.groups_sql``'s per-unit subquery (``__dp_u`` first when ``key_hash``)."""
     p = rw.plan
-    unit = quote_ident(p.entry.privacy_unit)  # type: ignore[arg-type]
     column = ut.column_of()
     named = rw._per_unit_named(inline=True, key_hash=key_hash)
-    cols = ([f"{unit} AS __dp_u"] if key_hash else []) + [f"{_merged(a, column)} AS {n}" for n, a in named]
-    conds = []
+    cols = ([f"{UNIT} AS __dp_u"] if key_hash else []) + [f"{_merged(a, column)} AS {n}" for n, a in named]
+    conds = [f"{TOTAL} = 0"]  # the unit rows only, whatever the total row's unit value
     if p.bound.where is not None:  # on the unit only (_unservable): the per-unit table has it
-        unqualified = p.bound.where.transform(
-            lambda n: exp.column(n.name, quoted=True) if isinstance(n, exp.Column) else n)
-        conds.append(f"({sql_of(unqualified)})")
+        on_unit = p.bound.where.transform(
+            lambda n: exp.column(UNIT) if isinstance(n, exp.Column) and n.name == p.entry.privacy_unit else n)
+        conds.append(f"({sql_of(on_unit)})")
     if is_nullable(p.entry.columns.get(p.entry.privacy_unit or "", "")):
-        conds.append(f"({unit} IS NOT NULL)")  # as the rows stage: a row without a unit is dropped
-    where = ("\nWHERE " + " AND ".join(conds)) if conds else ""
-    return f"SELECT {', '.join(cols)}\nFROM {ut.target_sql}{where}\nGROUP BY {unit}"
+        conds.append(f"({UNIT} IS NOT NULL)")  # as the rows stage: a row without a unit is dropped
+    return f"SELECT {', '.join(cols)}\nFROM {ut.target_sql}\nWHERE {' AND '.join(conds)}\nGROUP BY {UNIT}"
 
 
 def freshness_sql(ut: UnitTable, entry: TableEntry) -> str:
     """One row: whether ``ut`` still holds exactly T's rows (see the module docstring): T's own row
     of system.tables (same UUID and engine, the view still among its dependants, its row count
-    equal to the per-unit table's) and T's mutations."""
+    equal to the total row's count) and T's mutations."""
     d, t = quote_string(entry.database), quote_string(entry.name)
     rows = f"a{ut.aggregates.index(ROWS)}"
     # total_rows: T's rows from part metadata (what a trivial count() reads), in the same row
@@ -203,7 +218,7 @@ def freshness_sql(ut: UnitTable, entry: TableEntry) -> str:
         f"AND toString(uuid) = {quote_string(ut.table_uuid)} AND engine_full = {quote_string(ut.engine_full)} "
         f"AND has(arrayZip(dependencies_database, dependencies_table), "
         f"({quote_string(ACCEL_DATABASE)}, {quote_string(ut.view_name)})) "
-        f"AND total_rows = (SELECT countMerge({rows}) FROM {ut.target_sql})) = 1 "
+        f"AND total_rows = (SELECT countMerge({rows}) FROM {ut.target_sql} WHERE {TOTAL} = 1)) = 1 "
         f"AND (SELECT count() FROM system.mutations WHERE database = {d} AND table = {t} "
         f"AND (NOT is_done OR {MUTATION_NUMBER} > {int(ut.mutation)})) = 0 AS fresh")
 
@@ -220,7 +235,10 @@ def lightweight_updates_on(backend) -> bool:
 
 
 def fresh(backend, ut: UnitTable, entry: TableEntry) -> bool:
-    """Whether ``ut`` may be read now (any error, e.g. a dropped table, means no)."""
+    """Whether ``ut`` may be read now (any error, e.g. a dropped table, means no; an older
+    structure, without the total row, is never fresh: ``accelerate`` builds the current one)."""
+    if not ut.current_structure:
+        return False
     try:
         now = time.monotonic()
         if _server_checked.get(id(backend), 0.0) < now:
