@@ -58,15 +58,18 @@ def definition(entry, rw) -> tuple[str, tuple[str, ...], str]:
     catalog change or a salt rotation gives a new name).
 
     Each row of T is aggregated twice: under (0, its unit) and under (1, the unit type's default),
-    the total row. One GROUP BY, so one view writes both in one block; the flag comes from the
+    the total row. One GROUP BY, so one view writes both, the total row last; the flag comes from the
     constant array (no setting changes it, unlike GROUPING SETS' ``grouping()``); the CAST keeps
     the unit's type (``if`` drops LowCardinality), so the unit rows hold the same unit values."""
     aggregates = tuple(stage_aggregates(rw))
     unit = quote_ident(entry.privacy_unit)
     states = ", ".join(f"{state_sql(a)} AS a{i}" for i, a in enumerate(aggregates))
     key = f"CAST(if({TOTAL} = 1, defaultValueOfArgumentType({unit}), {unit}), toTypeName({unit})) AS {UNIT}"
+    # ORDER BY the flag: an insert whose output is written as several parts (a session with small
+    # min_insert_block_size_rows/_bytes) writes the total row in the last one, so a failure
+    # between parts leaves the total short (stale), never counting unit rows that are missing
     select = salted(f"SELECT {TOTAL}, {key}, {states}\nFROM {entry.table_sql}\nARRAY JOIN [0, 1] AS {TOTAL}\n"
-                    f"GROUP BY {TOTAL}, {UNIT}", entry)
+                    f"GROUP BY {TOTAL}, {UNIT}\nORDER BY {TOTAL}", entry)
     # the salt's digest too: an ungrouped SELECT has no hash, yet a salt rotation must give a new name
     digest = hashlib.sha256(f"{entry.table}\0{entry.privacy_unit}\0{salt_digest(entry)}\0{select}".encode()
                             ).hexdigest()[:16]

@@ -31,11 +31,11 @@ UNGROUPED = [f"SELECT COUNT(*) AS n, SUM(amount) AS s, AVG(amount) AS a FROM {DB
              f"SELECT COUNT(*) AS n FROM {DB}.sales WHERE uid < 500"]
 
 
-def _insert(db, table: str, first_unit: int, units: int, seed: int = 0) -> None:
+def _insert(db, table: str, first_unit: int, units: int, seed: int = 0, settings: str = "") -> None:
     # each unit: 1-12 rows over 1-3 regions (k = 1 and M = 4 drop rows), amounts outside the bounds
     # (clipping), one region outside the public keys
     db.command(
-        f"INSERT INTO {table} SELECT {first_unit} + intDiv(number, 12) AS uid, "
+        f"INSERT INTO {table} {settings} SELECT {first_unit} + intDiv(number, 12) AS uid, "
         f"if(number % 37 = 0, 'zz', concat('r', toString((cityHash64(intDiv(number, 12), {seed}) + number % 3) % 6))), "
         f"toFloat64((number * 7 + {seed}) % 700) - 50 FROM numbers({units * 12}) "
         f"WHERE number % 12 < 1 + cityHash64(intDiv(number, 12), 'n', {seed}) % 12")
@@ -144,8 +144,9 @@ def test_total_row_is_never_read_as_a_unit(db, unit_type, values):
 
 def test_each_part_holds_its_total_row(db):
     """Atomicity: each insert writes its unit rows and the total row counting them in one part (one
-    block of one GROUP BY), so no part can hold a total without its units. Merges stopped: the
-    parts are the inserts' own."""
+    block of one GROUP BY), so no part can hold a total without its units. An insert whose output
+    is split into several parts (small insert blocks) writes the total row in the last one: a
+    failure between parts leaves it out (stale). Merges stopped: the parts are the inserts' own."""
     table = _make(db, "parts")
     _insert(db, table, 0, 200)
     acc = db.accelerate(table, ["region"], method="table")
@@ -160,6 +161,12 @@ def test_each_part_holds_its_total_row(db):
         assert len(parts) == 4 and (parts["totals"] == 1).all()
         assert (parts["t"] == parts["u"]).all()  # each part's total counts exactly its unit rows' rows
         assert _both(db, GROUPED[1].replace(f"{DB}.sales", table))[0] == acc.name
+        _insert(db, table, 900, 300, seed=7, settings="SETTINGS min_insert_block_size_rows = 10, "
+                "min_insert_block_size_bytes = 1, group_by_two_level_threshold = 1")
+        split = db.raw_query(f"SELECT toUInt64(splitByChar('_', _part)[2]) AS block, max({TOTAL}) AS total "
+                             f"FROM {ut.target_sql} WHERE _part NOT IN {tuple(parts['_part'])} GROUP BY block "
+                             "ORDER BY block")
+        assert len(split) > 1 and list(split["total"]) == [0] * (len(split) - 1) + [1]  # the total row last
     finally:
         db.command(f"SYSTEM START MERGES {ut.target_sql}")
     db.drop_accelerations(table)
