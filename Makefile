@@ -150,6 +150,8 @@ bench-clickbench: install
 		--out bench/out/clickbench.json --markdown bench/out/clickbench.md
 	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 5 --accelerate \
 		--out bench/out/clickbench_accelerated.json --markdown bench/out/clickbench_accelerated.md
+	$(VPY) bench/bench_clickbench.py --rows 10000000 --repeats 5 --accelerate table \
+		--out bench/out/clickbench_unit_table.json --markdown bench/out/clickbench_unit_table.md
 
 clean:
 	rm -rf build dpch/*.so dpch/*.c udf/*.c .dpch_data $(VENV)

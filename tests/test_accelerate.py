@@ -154,3 +154,7 @@ def test_explain_says_whether_a_projection_can_serve_the_query(adb):
     keys = adb.explain(f"SELECT region, COUNT(*) AS n FROM {DB}.sales GROUP BY region", epsilon=1.0,
                        keys={"region": ["r1"]})
     assert "filters rows before bounding" in keys.per_unit_stage
+    # per-unit samples: db.accelerate's structures hold COUNT/SUM/AVG states only, so no hint to build one
+    for agg in ("MAX(amount)", "COUNT(DISTINCT age)", "quantile(0.5)(amount)"):
+        sampled = adb.explain(f"SELECT region, {agg} AS v FROM {DB}.sales GROUP BY region", epsilon=1.0).per_unit_stage
+        assert sampled.startswith("read from the table (MIN/MAX, quantiles") and "accelerate" not in sampled, sampled

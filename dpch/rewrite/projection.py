@@ -30,11 +30,16 @@ def projection_hint(plan) -> str:
     """For explain: whether the plan's per-unit stage could be read from a per-unit projection
     (a function of the plan only; the engine is not consulted)."""
     entry = plan.entry
-    reason = _unservable(plan, _Rewriter(plan, noise=True, selection=True, table=None))
+    rw = _Rewriter(plan, noise=True, selection=True, table=None)
+    reason = _unservable(plan, rw)
     if entry.row_level:
         return f"none ({reason})"
     if reason is not None:
         return f"read from the table ({reason})"
+    if rw.quant_qs:
+        # db.accelerate's structures hold COUNT(*), SUM and AVG states only (its template query)
+        return ("read from the table (MIN/MAX, quantiles and COUNT(DISTINCT …) of a column other than the "
+                "unit keep each unit's sampled rows, which no per-unit structure holds)")
     keys = [k.sql for k in plan.bound.keys]
     cli = " ".join([f"dpch catalog accelerate {entry.table}"] + [f"--group-by {shlex.quote(k)}" for k in keys])
     return (f"one GROUP BY {entry.privacy_unit} pass; a per-unit projection can serve it: "
