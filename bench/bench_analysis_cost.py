@@ -172,7 +172,24 @@ def _items(select: str) -> list[str]:
     return out + [cur.strip()]
 
 
-def flatten(body: str) -> str:
+def _merge_bounding(chain: list[list[str]]) -> None:
+    """Step (d) of ``flatten``, in place on its chain of [SELECT list, tail], outermost first."""
+    rename = lambda t: re.sub(r"\b__dp_a(h|c|k\d+)\b", r"__dp_g\1", t)  # noqa: E731
+    for i in range(3, len(chain)):
+        (d, d_tail), (c, c_tail), (b, b_tail), (a, a_tail) = chain[i - 3:i + 1]
+        if not (a.startswith("SELECT __dp_u, groupArray(") and a_tail == "GROUP BY __dp_u"
+                and b.startswith("SELECT *, arraySlice(") and c.startswith("SELECT __dp_u, arrayMap(")
+                and not (b_tail or c_tail or d_tail)):
+            continue
+        items = [rename(x) for x in _items(a)]
+        items += [rename(x) for x in _items(b)[1:]]
+        items += [rename(x.rsplit(" AS ", 1)[0]) + " AS " + x.rsplit(" AS ", 1)[1] for x in _items(c)[1:]]
+        items += [x for x in _items(d) if " AS " in x]
+        chain[i - 3:i + 1] = [["SELECT " + ", ".join(items), a_tail]]
+        return
+
+
+def flatten(body: str, merge_bounding: bool = False) -> str:
     """PROTOTYPE (issue 33): the rewritten SQL with its pass-through levels merged, the noise still
     computed once per row in its own level:
     (a) a level that only projects bare columns (``SELECT a, b FROM (...)``) under a parent that
@@ -183,6 +200,10 @@ def flatten(body: str) -> str:
     (c) the level under the outermost one, when it only computes ``expr AS name`` from the noisy
         columns, is folded into the outermost SELECT (``name AS alias`` -> ``expr AS alias``,
         ``name`` in its ORDER BY -> ``alias``).
+    ``merge_bounding``: also (d), the k > 1 bounding's four levels after its per-unit GROUP BY
+    (groupArray per unit; the permutation sorting the unit's hashes; the arrays permuted; the
+    caps) as ONE SELECT with that GROUP BY, each later array an alias over the earlier ones
+    (all deterministic: ClickHouse computes each once per unit, as the levels did).
     The rows must be the same as the emitted SQL's (``--verify`` checks it with the noise off)."""
     chain, cur = [], body
     while (sp := _split(cur)) is not None:
@@ -229,6 +250,8 @@ def flatten(body: str) -> str:
                        if n not in " ".join(computed.values())):
                 chain[0] = ["SELECT " + ", ".join(new_items), outer_tail]
                 del chain[1]
+    if merge_bounding:
+        _merge_bounding(chain)
     text = inner
     for link in chain:  # a joined subquery (the public keys' LEFT JOIN) is a chain of its own
         m = re.search(r"JOIN \(", link[1])
@@ -271,29 +294,35 @@ def measure(db, queries: dict[str, tuple[str, str, str]], args) -> None:
             v |= {"rewritten: run over an empty table": sql.replace(tbl, empty), "rewritten: run": sql}
             table("the engine's stages (EXPLAIN kinds and runs):", timed(session, v, args.reps, stages=True))
         if "levels" in parts:
-            rows = {}
-            for i, text in enumerate(levels(body)[::-1]):
+            joined = re.search(r"JOIN \(", body)  # the public keys' LEFT JOIN: its right side's levels too
+            pairs = [("", t) for t in levels(body)[::-1]]
+            if joined:
+                pairs = [("joined ", t) for t in levels(_split("FROM (" + body[joined.end():])[1])[::-1]] + pairs
+            names = {}
+            for i, (where, text) in enumerate(pairs):
                 one = " ".join(text.split())[:44].replace("|", "/")
-                rows[f"{i}: `{one}`"] = timed(session, {"x": f"EXPLAIN PIPELINE {text} SETTINGS {settings}"},
-                                              args.reps, stages=True)["x"]
+                names[f"{where}{i}: `{one}`"] = f"EXPLAIN PIPELINE {text} SETTINGS {settings}"
+            rows = timed(session, names, args.reps, stages=True)  # all levels interleaved
             table("each level cut out on its own (0 = innermost), EXPLAIN PIPELINE of it:", rows)
         if "shapes" in parts:
-            flat = flatten(body)
+            flat, flat_d = flatten(body), flatten(body, merge_bounding=True)
             table("the same query in other shapes, EXPLAIN PIPELINE:", timed(session, {
                 "as emitted": f"EXPLAIN PIPELINE {body} SETTINGS {settings}",
                 "noise UDFs -> identity SQL function": f"EXPLAIN PIPELINE {identity_noise(body)} SETTINGS {settings}",
                 "no SETTINGS clause": f"EXPLAIN PIPELINE {body}",
                 "whitespace collapsed": f"EXPLAIN PIPELINE {' '.join(body.split())} SETTINGS {settings}",
                 f"flattened (prototype, {len(levels(flat))} levels)": f"EXPLAIN PIPELINE {flat} SETTINGS {settings}",
+                "flattened + bounding merged (d)": f"EXPLAIN PIPELINE {flat_d} SETTINGS {settings}",
                 "flattened, run over an empty table": f"{flat} SETTINGS {settings}".replace(tbl, empty),
                 "as emitted, run over an empty table": sql.replace(tbl, empty)},
                 args.reps, stages=True))
             if args.verify:
                 print(f"flattened vs emitted, noise replaced by the identity: {compare(session, sql, flat)}")
+                print(f"flattened + (d) vs emitted, the same: {compare(session, sql, flat_d)}")
         if "settings" in parts:
             base = f"EXPLAIN PIPELINE {body} SETTINGS {settings}"
             rows = {}
-            for tog in TOGGLES:
+            for tog in (args.toggles.split(";") if args.toggles else TOGGLES):
                 try:
                     session.query(f"{base}, {tog}", "TSV")
                 except Exception as exc:  # e.g. enable_analyzer = 0: refused since 26.9
@@ -384,6 +413,7 @@ def main() -> int:
     ap.add_argument("--only", choices=["clickbench", "small"], help="one store, in this process")
     ap.add_argument("--queries", default=",".join(SMALL_QUERIES + CLICKBENCH_QUERIES),
                     help="small-table queries (COUNT, SUM, AVG) and ClickBench queries (Q0-Q42)")
+    ap.add_argument("--toggles", help="only these settings (';'-separated, e.g. 'max_threads = 1;compile_expressions = 0')")
     ap.add_argument("--dump", metavar="DIR", help="write each rewritten SQL measured into DIR")
     ap.add_argument("--small-rows", type=int, default=1_000_000)
     args = ap.parse_args()
