@@ -16,6 +16,8 @@ bench/bench_clickbench.py) and times, interleaved, ``--reps`` runs each, medians
   and ``EXPLAIN PIPELINE``: the growth from one level to the next is that level's cost.
 - ``shapes``: the noise UDFs replaced by an identity SQL function (same shape), and the parser
   alone on parts of the text (``EXPLAIN AST`` of the expressions).
+- ``view``: the same SQL stored as a view on the engine, read with ``SELECT * FROM`` it (does the
+  engine keep a view's analysis? no: it analyses the view's text again on every query).
 - ``settings``: ``EXPLAIN PIPELINE`` with one setting toggled at a time, interleaved with the
   query as emitted; with ``--verify``, every toggle is also run with the noise replaced by the
   identity and its rows compared with the emitted query's (equal rows: the toggle is exact there).
@@ -319,6 +321,14 @@ def measure(db, queries: dict[str, tuple[str, str, str]], args) -> None:
             if args.verify:
                 print(f"flattened vs emitted, noise replaced by the identity: {compare(session, sql, flat)}")
                 print(f"flattened + (d) vs emitted, the same: {compare(session, sql, flat_d)}")
+        if "view" in parts:  # the same SQL kept as a view on the engine: is a view's analysis kept?
+            view = f"`__ac_empty`.`v_{re.sub(r'[^A-Za-z0-9]', '_', name)}`"
+            db.backend.command(f"CREATE OR REPLACE VIEW {view} AS {body}")
+            table("the same SQL as a view, EXPLAIN PIPELINE and run:", timed(session, {
+                "as emitted": f"EXPLAIN PIPELINE {body} SETTINGS {settings}",
+                "SELECT * FROM the view": f"EXPLAIN PIPELINE SELECT * FROM {view} SETTINGS {settings}",
+                "as emitted, run": sql,
+                "the view, run": f"SELECT * FROM {view} SETTINGS {settings}"}, args.reps, stages=True))
         if "settings" in parts:
             base = f"EXPLAIN PIPELINE {body} SETTINGS {settings}"
             rows = {}
@@ -328,13 +338,18 @@ def measure(db, queries: dict[str, tuple[str, str, str]], args) -> None:
                 except Exception as exc:  # e.g. enable_analyzer = 0: refused since 26.9
                     print(f"- {tog}: refused by the engine: {str(exc).splitlines()[0][:160]}")
                     continue
-                r = timed(session, {"emitted": base, "toggled": f"{base}, {tog}"}, args.reps)
-                rows[tog] = {"emitted": r["emitted"]["wall"], "toggled": r["toggled"]["wall"],
-                             "Δ": r["toggled"]["wall"] - r["emitted"]["wall"]}
+                v = {"emitted": base, "toggled": f"{base}, {tog}"}
+                if args.toggles:  # the chosen few: the whole query's run too (a plan setting may slow the run)
+                    v |= {"run": sql, "run toggled": f"{sql}, {tog}"}
+                r = {k: x["wall"] for k, x in timed(session, v, args.reps).items()}
+                rows[tog] = r | {"Δ": r["toggled"] - r["emitted"]}
+                if args.toggles:
+                    rows[tog]["run Δ"] = r["run toggled"] - r["run"]
                 if args.verify:
                     rows[tog]["same rows"] = float(same_rows(session, identity_noise(sql), tog))
             table("EXPLAIN PIPELINE with one setting toggled, wall ms (Δ < 0: faster)", rows,
-                  ["emitted", "toggled", "Δ"] + (["same rows"] if args.verify else []))
+                  ["emitted", "toggled", "Δ"] + (["run", "run toggled", "run Δ"] if args.toggles else [])
+                  + (["same rows"] if args.verify else []))
 
 
 def _rows(session, sql: str) -> list[str]:
@@ -408,7 +423,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--parts", default="kinds,levels,shapes,settings")
+    ap.add_argument("--parts", default="kinds,levels,shapes,settings",
+                    help="comma list of kinds, levels, shapes, view, settings")
     ap.add_argument("--verify", action="store_true", help="compare each toggle's rows with the noise off")
     ap.add_argument("--only", choices=["clickbench", "small"], help="one store, in this process")
     ap.add_argument("--queries", default=",".join(SMALL_QUERIES + CLICKBENCH_QUERIES),
