@@ -25,6 +25,7 @@ never written):
               (``rewrite_for_sensitivity_check``, as tests/test_accelerate.py uses it);
 - ``dpch_sel`` the same with partition selection on, noise off (thresholds on noiseless values);
 - ``dpch_sql`` DPCH's full rewritten SQL (noise UDFs + selection) run raw, without the controller;
+- ``dpch_oneblock`` the same with the selection draw fed one block (``one_block_rewriter``);
 - ``dp``      ``db.query`` end to end (plan cache, ledger charge, post-processing; the ledger's
               generation is reset before each query as bench_clickbench does);
 - ``noise``   the noise UDF alone on as many values as the query has candidate groups
@@ -52,7 +53,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-VARIANTS = ["plain", "floor", "pairs", "one_pass", "min", "dpch_off", "dpch_sel", "dpch_sql", "dp", "noise"]
+VARIANTS = ["plain", "floor", "pairs", "one_pass", "min", "dpch_off", "dpch_sel", "dpch_sql", "dpch_oneblock", "dp",
+            "noise"]
+
+
+def one_block_rewriter(base):
+    """A subclass of DPCH's ``_Rewriter`` whose selection draw gets every candidate group in one
+    block (``groupArray`` of the group stage's rows, then ``ARRAY JOIN``): the executable noise UDF
+    pays per block, and the group stage leaves two-level aggregation as 256 small blocks. Same
+    draws, one per candidate. A benchmark probe, not used by DPCH."""
+    class OneBlock(base):
+        def _selection_first_sql(self, inner: str) -> str:
+            cols = [self._k(j) for j in range(self.nk)] + [q.column for q in self.plan.quantities]
+            outs = ", ".join(f"__dp_t.{i + 1} AS {c}" for i, c in enumerate(cols))
+            inner = (f"SELECT {outs} FROM (SELECT groupArray(tuple({', '.join(cols)})) AS __dp_all "
+                     f"FROM ({inner})) ARRAY JOIN __dp_all AS __dp_t")
+            return super()._selection_first_sql(inner)
+    return OneBlock
 
 
 def rows_sql(rw, *, values: bool = True) -> str:
@@ -204,6 +221,7 @@ def main(argv=None) -> int:
                 "dpch_off": sql_off,
                 "dpch_sel": _Rewriter(plan, noise=False, selection=True, table=None).build().sql,
                 "dpch_sql": _Rewriter(plan, noise=True, selection=True, table=None).build().sql,
+                "dpch_oneblock": one_block_rewriter(_Rewriter)(plan, noise=True, selection=True, table=None).build().sql,
                 # the selection statistic's noise alone: one Gaussian UDF call per candidate group
                 "noise": f"SELECT sum(dpch_gaussian_int(toInt64(number), 1000.0)) FROM numbers({len(dpch_groups)})"}
 
