@@ -142,7 +142,9 @@ def run_query(db, q, repeats: int, epsilon: float, delta: float) -> dict:
         t_floor.append(t3 - t2)
     mp, md, mf = statistics.median(t_plain), statistics.median(t_dp), statistics.median(t_floor)
     return {**out, "status": "answered", "plain_s": mp, "dp_s": md, "floor_s": mf, "ratio": md / mp,
-            "dp_over_floor": md / mf, "plain_rows": len(plain), "dp_rows": len(df)}
+            "dp_over_floor": md / mf, "plain_rows": len(plain), "dp_rows": len(df),
+            # what the per-unit stage read: "table", or the per-unit table that served it
+            "per_unit_source": df.attrs.get("dpch", {}).get("per_unit_source")}
 
 
 def summarise(results: list[dict]) -> dict:
@@ -208,6 +210,9 @@ def main(argv=None) -> int:
         open_store(args.rows, units, Path(args.data_root), args.rebuild)[0].close()
         return 0
     started = time.perf_counter()
+    # the code that runs is the code at the start (a commit made during a long run is not it)
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     chosen = [BY_NAME[n] for n in args.queries.split(",")] if args.queries else list(QUERIES)
     db, info = open_store(args.rows, units, Path(args.data_root), args.rebuild, accelerated=args.accelerate)
     try:
@@ -220,8 +225,6 @@ def main(argv=None) -> int:
                               if k not in ("reason",)}), flush=True)
     finally:
         db.close()
-    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     result = {"rows": args.rows, "units": units, "distinct_users": users, "epsilon": args.epsilon,
               "accelerated": args.accelerate,
               "delta": args.delta, "repeats": args.repeats, "commit": commit, "build": info,
