@@ -38,7 +38,7 @@ _DEMO_TEMPLATES: dict[int, Path] = {}
 
 def demo_dir(tmp_path_factory, name: str, rows: int = 2000) -> Path:
     """A fresh data directory holding what `dpch demo --rows ROWS` leaves (tables, catalog, ledger):
-    the demo runs once per (test process, rows), taking 10-15 s, and each caller gets a copy
+    the demo runs once per (test process, rows), taking 4-5 s, and each caller gets a copy
     (milliseconds). No process holds the template's store while it is copied."""
     if rows not in _DEMO_TEMPLATES:
         template = tmp_path_factory.mktemp(f"demo_template_{rows}")
