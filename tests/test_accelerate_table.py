@@ -103,10 +103,9 @@ def test_serves_count_sum_avg_exactly_before_and_after_inserts(tdb):
     assert tdb.accelerate(f"{DB}.sales", ["region"], method="table") == grouped  # kept, not rebuilt
 
 
-def _total(db, name: str) -> pd.DataFrame:
-    """The per-unit table's total rows (one per part until merged) and its unit rows' count."""
-    ut = next(u for tb in (f"{DB}.{n}" for n in ("nul", "lc", "parts")) for u in recorded(db.backend, tb)
-              if u.name == name)
+def _total(db, table: str, name: str) -> pd.DataFrame:
+    """Per-unit table ``name``'s total rows (one per part until merged) and its unit rows' count."""
+    ut = next(u for u in recorded(db.backend, table) if u.name == name)
     rows = f"a{ut.aggregates.index(ROWS)}"
     return db.raw_query(f"SELECT countMergeIf({rows}, {TOTAL} = 1) AS total, countIf({TOTAL} = 1) AS total_rows, "
                         f"countIf({TOTAL} = 0) AS unit_rows FROM {ut.target_sql}")
@@ -137,7 +136,7 @@ def test_total_row_is_never_read_as_a_unit(db, unit_type, values):
         _served_equal(db, [UNGROUPED[0].replace(f"{DB}.sales", table)], {ungrouped})
         rows = db.raw_query(f"SELECT count() AS n, uniqExact(uid) AS u FROM {table}").iloc[0]
         for name in (grouped, ungrouped):  # the total counts every row of T, the NULL unit's too
-            t = _total(db, name).iloc[0]
+            t = _total(db, table, name).iloc[0]
             assert t["total"] == rows["n"] and t["unit_rows"] >= rows["u"] and t["total_rows"] >= 1
     db.drop_accelerations(table)
 
