@@ -190,7 +190,7 @@ def _precheck_budget(conn, parsed: ParsedQuery, eps: float, dlt: float) -> None:
             datasets.append(root)
     if not datasets:
         return
-    ledger = _ledger_of(conn)
+    ledger = charging_ledger(conn)
     for dataset in datasets:
         ledger.precheck(conn.analyst, dataset, eps, dlt)
 
@@ -439,11 +439,11 @@ def charge_first(conn, dataset: str, cost, text: str):
     """(ledger, receipt): the charge made before anything runs (DESIGN.md invariant 2), by every
     release path (queries, sparse vector, PTR, early stopping, Block-DP). No ledger, no release
     (fail closed). Raises BudgetExceeded / QueryRejected with nothing charged."""
-    ledger = _ledger_of(conn)
+    ledger = charging_ledger(conn)
     return ledger, ledger.charge(conn.analyst, dataset, cost, text)
 
 
-def _ledger_of(conn):
+def charging_ledger(conn):
     """The connection's ledger; any failure to reach it is a LedgerError (fail closed: no ledger,
     no release)."""
     try:

@@ -181,6 +181,29 @@ def prepare_single_value(conn, sql: str, epsilon: float, options: dict, who: str
     return prepared, q
 
 
+def refuse_unanswerable_session(conn, dataset: str, epsilon: float, queries: list[str]) -> None:
+    """Before a session of ``queries`` is opened (and charged its ε): raise if the controller
+    accepts none of them, so that a session that could answer nothing costs nothing. First the
+    ledger's free affordability check of the session's ε on ``dataset`` (an analyst without the
+    budget learns nothing of how the engine reads the queries), then each query on its own
+    (parse → plan, as ``above`` does; runs nothing on the data), so the outcome depends on the
+    queries, the catalog and the budget only, never on the data. A session with at least one
+    acceptable query opens as before; its other queries are refused one by one inside it."""
+    from .controller import charging_ledger
+
+    charging_ledger(conn).precheck(conn.analyst, dataset, epsilon, 0.0)
+    first = None
+    for sql in queries:
+        try:
+            prepare_single_value(conn, sql, epsilon, {}, "sparse vector", dataset=dataset)
+            return
+        except (QueryRejected, InvalidParameter) as exc:
+            first = first or exc
+    if first is not None:
+        raise type(first)(f"no query of this sparse-vector session can be answered, so it was not opened: nothing "
+                          f"ran and nothing was charged (the first query: {first})")
+
+
 @dataclass(repr=False)
 class SparseVector:
     """A sparse-vector session on one dataset (module docstring). Open it with ``with``."""

@@ -12,7 +12,8 @@ Response (JSON): ``{"answers": [true, false, null, …], "errors": {"2": "…"},
 Queries are answered in order until c ⊤ answers (the rest are not run: ``stopped_at`` is the index
 of the first one not run). A query the controller refuses (QueryRejected / InvalidParameter) gets
 ``null`` and its message in ``errors``; it ran nothing and consumed nothing (its refusal depends on
-the query and the catalog only). Any other failure ends the session (its charge stays at ε) and
+the query and the catalog only). A request none of whose queries the controller accepts is refused
+whole before the session opens: nothing is charged. Any other failure ends the session (its charge stays at ε) and
 the request fails without data in its message.
 
 Caps (issue 27; docs/GATEWAY.md "Request limits"), checked before anything runs or is charged:
@@ -26,6 +27,7 @@ import math
 from typing import Any
 
 from ..errors import InvalidParameter, QueryRejected
+from ..svt import refuse_unanswerable_session
 from .errors import BAD_ARGUMENTS, GatewayError
 from .limits import check_query_text
 
@@ -76,6 +78,7 @@ def run_session(conn, req: dict) -> dict:
     answers: list[bool | None] = []
     errors: dict[str, str] = {}
     stopped_at = None
+    refuse_unanswerable_session(conn, req["dataset"], req["epsilon"], req["queries"])
     svt = conn.sparse_vector(req["dataset"], req["threshold"], req["epsilon"], max_positives=req["max_positives"],
                              split=req["split"])
     with svt:

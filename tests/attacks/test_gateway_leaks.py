@@ -7,6 +7,7 @@ must be identical (status, code, body), and nothing may be charged.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -43,6 +44,14 @@ def gw(tmp_path_factory):
              "db.catalog.register('demo.zones', public=True)\n"
              "db.close()\n")
     subprocess.run([PY, "-c", owner], check=True, cwd=ROOT, timeout=180)
+    with serving_rich_and_poor(d) as url:
+        yield url, d
+
+
+@contextlib.contextmanager
+def serving_rich_and_poor(d: Path):
+    """`dpch serve` on ``d`` with two analysts: RICH with a budget on demo.purchases, POOR without
+    one; yields the gateway's URL."""
     users = UserStore(d)
     users.add(*RICH)
     users.add(*POOR)
@@ -51,7 +60,7 @@ def gw(tmp_path_factory):
     ledger.close()
     server = Server(d, start_timeout=90).start()
     try:
-        yield server.url, d
+        yield server.url
     finally:
         server.stop()
 
