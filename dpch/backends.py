@@ -4,6 +4,7 @@ of the result in a ClickHouse output format; nothing in this module adds or remo
 runs what the caller built."""
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,45 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _install_sql_functions(run) -> None:
-    for name, statement in sql_function_definitions():
+def _install_sql_functions(run, definitions: list[tuple[str, str]] | None = None) -> None:
+    for name, statement in definitions or sql_function_definitions():
         run(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+
+
+#: Written into an embedded store's user_defined/ after the dp_* functions were (re)created there.
+FUNCTIONS_MARKER = ".dpch_functions.sha256"
+
+
+def _functions_digest(store: Path, definitions: list[tuple[str, str]]) -> str | None:
+    """sha256 over this installation's definitions and the files ClickHouse keeps for them in the
+    store (store/user_defined/function_<name>.sql); None if one of those files is missing."""
+    h = hashlib.sha256()
+    for name, statement in definitions:
+        try:
+            stored = (store / "user_defined" / f"function_{name}.sql").read_bytes()
+        except OSError:
+            return None
+        h.update(f"{name}\0{statement}\0".encode() + stored + b"\0")
+    return h.hexdigest()
+
+
+def install_store_functions(run, store: Path, definitions: list[tuple[str, str]] | None = None) -> None:
+    """Create the dp_* SQL functions in an embedded store unless the store already holds exactly
+    what this installation created there last time (FUNCTIONS_MARKER: the digest of our
+    definitions and of ClickHouse's stored files, so a changed definition, a dropped function or
+    an edited stored file re-creates them all). Saves ~30 statements (about 0.2 s) per open."""
+    definitions = definitions or sql_function_definitions()
+    marker = store / "user_defined" / FUNCTIONS_MARKER
+    digest = _functions_digest(store, definitions)
+    try:
+        if digest is not None and marker.read_text() == digest:
+            return
+    except OSError:
+        pass
+    _install_sql_functions(run, definitions)
+    digest = _functions_digest(store, definitions)
+    if digest is not None:
+        marker.write_text(digest)
 
 
 class EmbeddedBackend:
@@ -71,7 +108,7 @@ class EmbeddedBackend:
             if in_use is not None:
                 raise in_use from None
             raise BackendError(f"cannot open the embedded engine at {data_dir}: {exc}") from exc
-        _install_sql_functions(self.command)
+        install_store_functions(self.command, data_dir / "store")
         # public key domains are inlined as array literals (up to MAX_PUBLIC_KEYS values): the
         # default 256 KiB query size would refuse a rewritten query over a large domain
         self.command(f"SET max_query_size = {MAX_QUERY_SIZE}")

@@ -219,14 +219,14 @@ def worker_main(fd: int, spec: dict) -> int:
         os.environ["TMPDIR"] = str(data_dir / ENGINE_TMP)  # chDB's start-up session lives there
         from chdb import session as chdb_session
 
-        from .backends import MAX_QUERY_SIZE
+        from .backends import MAX_QUERY_SIZE, install_store_functions
 
         # N connections to the one store, opened after confinement (chDB starts its threads here):
         # queries on different connections run concurrently, one connection runs one at a time
         sessions = [chdb_session.Session(f"{data_dir / STORE}?udf_path={data_dir / UDF_DIR}")
                     for _ in range(n_sessions)]
-        for _name, statement in functions:  # functions belong to the store: created once
-            sessions[0].query(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1), "CSV")
+        # functions belong to the store: created once, and only if it does not hold them already
+        install_store_functions(lambda sql: sessions[0].query(sql, "CSV"), data_dir / STORE, functions)
         for s in sessions:
             s.query(f"SET max_query_size = {MAX_QUERY_SIZE}", "CSV")
     except Exception as exc:  # noqa: BLE001 - reported to the gateway, which fails the start
