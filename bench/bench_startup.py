@@ -11,6 +11,10 @@ reported against the issue's targets. Then `python -X importtime` runs each case
 modules with the largest cumulative import time are listed (a table in Markdown), so a regression
 names the module that brought the weight back. `dpch budget show` runs on a temporary ledger that
 holds one budget, so it reads and prints a real row.
+
+Last, the embedded store's open (`dpch.connect(dir)` on an existing store, the imports excluded:
+each fresh process imports pandas, chDB and dpch first and times only the call), which every
+command that uses the engine pays after its imports.
 """
 from __future__ import annotations
 
@@ -50,6 +54,17 @@ def time_runs(argv: list[str], runs: int) -> list[float]:
         subprocess.run(argv, capture_output=True, check=True, cwd=CWD)
         out.append(time.perf_counter() - t0)
     return out
+
+
+# prints the seconds of one `dpch.connect` on an existing store, the imports done beforehand
+_OPEN = ("import sys, time, pandas, chdb, dpch, dpch.connection\n"
+         "t = time.perf_counter(); db = dpch.connect(sys.argv[1]); print(time.perf_counter() - t); db.close()")
+
+
+def store_open_runs(data_dir: Path, runs: int) -> list[float]:
+    subprocess.run([PY, "-c", _OPEN, str(data_dir)], capture_output=True, check=True, cwd=CWD)  # creates the store
+    return [float(subprocess.run([PY, "-c", _OPEN, str(data_dir)], capture_output=True, text=True, check=True,
+                                 cwd=CWD).stdout.split()[-1]) for _ in range(runs)]
 
 
 def p90(values: list[float]) -> float:
@@ -94,6 +109,9 @@ def main() -> int:
             met = "-" if target is None else "yes" if med < target else "NO"
             ok &= met != "NO"
             print(f"| `{label}` | {med:.3f} | {hi:.3f} | {target or '-'} | {met} |")
+        t = store_open_runs(Path(tmp) / "store", args.runs)
+        print(f"\nThe embedded store's open (`dpch.connect(dir)` on an existing store, imports excluded): median "
+              f"{statistics.median(t):.3f} s, p90 {p90(t):.3f} s")
         for label, argv, target in cases(ledger):
             if target is None:
                 continue
