@@ -578,7 +578,8 @@ def to_matrix(sides: list[SampleSet], keys: list[str], outputs: list[str]):
         else:
             extra_keys.append(c)
     keys = list(keys) + extra_keys
-    if not keys and all(len(s.frame) and s.frame[REP].is_unique for s in sides):
+    if not keys and all(len(s.frame) and s.frame[REP].is_unique and s.frame[REP].between(0, s.n - 1).all()
+                        for s in sides):
         return _one_row_runs(sides, numeric_outputs)
     return _pivot(sides, keys, numeric_outputs)
 
@@ -609,8 +610,11 @@ def _one_row_runs(sides: list[SampleSet], outputs: list[str]):
     group-by and unstack, which cost ~10 ms a side: the worst-case search pivots once per
     candidate)."""
     columns = sorted(outputs, key=str)
-    mats = [s.frame.set_index(REP)[columns].astype(np.float64).reindex(range(s.n)).to_numpy(dtype=np.float64)
-            for s in sides]
+    mats = []
+    for s in sides:
+        m = np.full((s.n, len(columns)), np.nan)
+        m[s.frame[REP].to_numpy()] = s.frame[columns].to_numpy(dtype=np.float64, na_value=np.nan)
+        mats.append(m)
     return mats, [str(c) for c in columns]
 
 
