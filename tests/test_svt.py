@@ -505,6 +505,8 @@ def test_cli_session(tmp_path):
         SELECT COUNT(*) FROM c.t WHERE seg = 'c10'
         SELECT COUNT(*) FROM c.t WHERE seg = 'c11'
         """))
+    bad = tmp_path / "refused.sql"
+    bad.write_text("SELECT seg, COUNT(*) FROM c.t GROUP BY seg\nSELECT nosuchcolumn FROM c.t\n")
     script = textwrap.dedent(f"""\
         import sys, dpch
         from dpch.cli import main
@@ -517,6 +519,13 @@ def test_cli_session(tmp_path):
         db.catalog.register("c.t", privacy_unit=None)
         db.ledger.set_budget("cli", "c.t", epsilon=1000, accountant="odp")
         db.close()
+        # a list with no acceptable query first: refused whole (exit 2), nothing charged
+        refused = main(["svt", "--data-dir", {str(data)!r}, "--analyst", "cli", "--dataset", "c.t",
+                        "--threshold", "10", "--epsilon", "400", "--file", {str(bad)!r}])
+        from dpch.ledger import Ledger
+        led = Ledger({str(data / "ledger.sqlite")!r})
+        print("refused", refused, len(led.history()), file=sys.stderr)
+        led.close()
         sys.exit(main(["svt", "--data-dir", {str(data)!r}, "--analyst", "cli", "--dataset", "c.t",
                        "--threshold", "10", "--epsilon", "400", "--max-positives", "1", "--file", {str(qfile)!r}]))
         """)
@@ -530,6 +539,8 @@ def test_cli_session(tmp_path):
     assert lines[3] == "stopped: 1 ⊤ answer(s) reached; 1 query(ies) not run"
     assert lines[4].startswith("ε spent: 400 of the 400 reserved (1 ⊤ of at most 1")
     assert "budget of cli on c.t" in r.stderr
+    assert "refused 2 0" in r.stderr  # the all-refused list: exit 2, no charge on record
+    assert "so it was not opened: nothing ran and nothing was charged" in r.stderr
 
 
 def test_a_session_that_could_answer_nothing_is_not_opened(sdb):
