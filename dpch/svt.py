@@ -181,29 +181,6 @@ def prepare_single_value(conn, sql: str, epsilon: float, options: dict, who: str
     return prepared, q
 
 
-def refuse_unanswerable_session(conn, dataset: str, epsilon: float, queries: list[str]) -> None:
-    """Before a session of ``queries`` is opened (and charged its ε): raise if the controller
-    accepts none of them, so that a session that could answer nothing costs nothing. First the
-    ledger's free affordability check of the session's ε on ``dataset`` (an analyst without the
-    budget learns nothing of how the engine reads the queries), then each query on its own
-    (parse → plan, as ``above`` does; runs nothing on the data), so the outcome depends on the
-    queries, the catalog and the budget only, never on the data. A session with at least one
-    acceptable query opens as before; its other queries are refused one by one inside it."""
-    from .controller import charging_ledger
-
-    charging_ledger(conn).precheck(conn.analyst, dataset, epsilon, 0.0)
-    first = None
-    for sql in queries:
-        try:
-            prepare_single_value(conn, sql, epsilon, {}, "sparse vector", dataset=dataset)
-            return
-        except (QueryRejected, InvalidParameter) as exc:
-            first = first or exc
-    if first is not None:
-        raise type(first)(f"no query of this sparse-vector session can be answered, so it was not opened: nothing "
-                          f"ran and nothing was charged (the first query: {first})")
-
-
 @dataclass(repr=False)
 class SparseVector:
     """A sparse-vector session on one dataset (module docstring). Open it with ``with``."""
@@ -338,6 +315,31 @@ class SparseVector:
         return realised
 
     # -- test queries --------------------------------------------------------------------------------
+    def refuse_if_none_answerable(self, queries: list[str]) -> None:
+        """Before the session opens (and is charged its ε), for callers that know its whole list
+        of queries (`dpch svt`, the gateway's /dpch/svt): raise if the controller accepts none of
+        them, so that a session that could answer nothing costs nothing. First the ledger's free
+        affordability check of ε on the session's dataset (an analyst without the budget learns
+        nothing of how the engine reads the queries), then each query on its own as ``above``
+        prepares it (parse → plan; runs nothing on the data): the outcome depends on the queries,
+        the catalog and the budget only, never on the data. With one acceptable query the session
+        opens as before, and its other queries are refused one by one inside it."""
+        from .controller import charging_ledger
+
+        if self.state != "new":
+            raise InvalidParameter("refuse_if_none_answerable is a check before the session opens")
+        charging_ledger(self.conn).precheck(self.conn.analyst, self.dataset, self.epsilon, 0.0)
+        first = None
+        for sql in queries:
+            try:
+                prepare_single_value(self.conn, sql, self.epsilon, {}, "sparse vector", dataset=self.dataset)
+                return
+            except (QueryRejected, InvalidParameter) as exc:
+                first = first or exc
+        if first is not None:
+            raise type(first)(f"no query of this sparse-vector session can be answered, so it was not opened: "
+                              f"nothing ran and nothing was charged (the first query: {first})")
+
     def above(self, sql: str, **options) -> bool:
         """⊤ (True) iff the query's noisy bounded value is above the noisy threshold. A rejected
         query (QueryRejected / InvalidParameter) runs nothing and consumes nothing."""

@@ -544,25 +544,24 @@ def test_cli_session(tmp_path):
 
 
 def test_a_session_that_could_answer_nothing_is_not_opened(sdb):
-    """refuse_unanswerable_session (the gateway's /dpch/svt and `dpch svt` call it before the
-    session's charge): every query refused on its own → refused whole, nothing charged; one
+    """SparseVector.refuse_if_none_answerable (the gateway's /dpch/svt and `dpch svt` call it before
+    the session's charge): every query refused on its own → refused whole, nothing charged; one
     acceptable query → the session opens as before. A poor analyst gets the budget error first
     (the precheck), before anything the analyst wrote is analysed."""
     from dpch.errors import NoBudget
-    from dpch.svt import refuse_unanswerable_session
-
     c = conn_as(sdb, "svt_nothing", ROWS, epsilon=10)
     refused = [f"SELECT seg, COUNT(*) FROM {ROWS} GROUP BY seg", f"SELECT COUNT(*) FROM {OTHER}",
                f"SELECT COUNT(*) FROM {ROWS} WHERE nosuchcolumn = 1"]
     before = len(c.ledger.history())
     with pytest.raises(QueryRejected, match="not opened: nothing ran and nothing was charged"):
-        refuse_unanswerable_session(c, ROWS, 1.0, refused)
+        c.sparse_vector(ROWS, threshold=100, epsilon=1.0).refuse_if_none_answerable(refused)
     assert len(c.ledger.history()) == before
-    refuse_unanswerable_session(c, ROWS, 1.0, refused + [q("big")])  # one acceptable query: no error
-    with c.sparse_vector(ROWS, threshold=100, epsilon=1.0) as svt:  # and the session itself charges as before
+    svt = c.sparse_vector(ROWS, threshold=100, epsilon=1.0)
+    svt.refuse_if_none_answerable(refused + [q("big")])  # one acceptable query: no error
+    with svt:  # and the session itself charges as before
         svt.above(q("big"))
     assert len(c.ledger.history()) == before + 1
     poor = Connection(sdb.backend, analyst="svt_no_budget", data_dir=sdb.data_dir, ledger_path=sdb.ledger_path)
     poor._ledger = sdb.ledger
     with pytest.raises(NoBudget):
-        refuse_unanswerable_session(poor, ROWS, 1.0, refused)
+        poor.sparse_vector(ROWS, threshold=100, epsilon=1.0).refuse_if_none_answerable(refused)

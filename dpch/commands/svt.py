@@ -30,7 +30,6 @@ def read_queries(path: str) -> list[str]:
 
 def cmd_svt(args) -> int:
     from dpch.errors import DPCHError, InvalidParameter, QueryRejected
-    from dpch.svt import refuse_unanswerable_session
 
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
         return _fail("--epsilon must be a finite number > 0")
@@ -50,12 +49,12 @@ def cmd_svt(args) -> int:
         return _fail(f"--file {args.file!r} holds no query (one per line); nothing charged")
     rejected = 0
     with _connect(args) as db:
-        try:
-            refuse_unanswerable_session(db, args.dataset, args.epsilon, queries)
-        except (QueryRejected, InvalidParameter) as exc:
-            return _fail(str(exc))
         svt = db.sparse_vector(args.dataset, threshold=args.threshold, epsilon=args.epsilon,
                                max_positives=args.max_positives, split=args.split)
+        try:
+            svt.refuse_if_none_answerable(queries)  # before the charge
+        except (QueryRejected, InvalidParameter) as exc:
+            return _fail(str(exc))
         with svt:
             for i, sql in enumerate(queries):
                 if svt.positives >= svt.max_positives:

@@ -27,7 +27,6 @@ import math
 from typing import Any
 
 from ..errors import InvalidParameter, QueryRejected
-from ..svt import refuse_unanswerable_session
 from .errors import BAD_ARGUMENTS, GatewayError
 from .limits import check_query_text
 
@@ -78,9 +77,9 @@ def run_session(conn, req: dict) -> dict:
     answers: list[bool | None] = []
     errors: dict[str, str] = {}
     stopped_at = None
-    refuse_unanswerable_session(conn, req["dataset"], req["epsilon"], req["queries"])
     svt = conn.sparse_vector(req["dataset"], req["threshold"], req["epsilon"], max_positives=req["max_positives"],
                              split=req["split"])
+    svt.refuse_if_none_answerable(req["queries"])  # before the charge
     with svt:
         for i, sql in enumerate(req["queries"]):
             if svt.positives >= svt.max_positives:
