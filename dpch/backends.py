@@ -39,8 +39,8 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _install_sql_functions(run, definitions: list[tuple[str, str]] | None = None) -> None:
-    for name, statement in definitions or sql_function_definitions():
+def _install_sql_functions(run, definitions: list[tuple[str, str]]) -> None:
+    for name, statement in definitions:
         run(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
 
 
@@ -244,7 +244,7 @@ class ServerBackend:
 
     def install_sql_functions(self) -> None:
         """Create (or replace) the dp_* SQL functions on the server. Admin only."""
-        _install_sql_functions(self.command)
+        _install_sql_functions(self.command, sql_function_definitions())
 
     def close(self) -> None:
         self._client.close()

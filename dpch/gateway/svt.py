@@ -13,8 +13,8 @@ Queries are answered in order until c ⊤ answers (the rest are not run: ``stopp
 of the first one not run). A query the controller refuses (QueryRejected / InvalidParameter) gets
 ``null`` and its message in ``errors``; it ran nothing and consumed nothing (its refusal depends on
 the query and the catalog only). A request none of whose queries the controller accepts is refused
-whole before the session opens: nothing is charged. Any other failure ends the session (its charge stays at ε) and
-the request fails without data in its message.
+whole before the session opens: nothing is charged. Any other failure ends the session (its charge
+stays at ε) and the request fails without data in its message.
 
 Caps (issue 27; docs/GATEWAY.md "Request limits"), checked before anything runs or is charged:
 at most ``MAX_QUERIES`` queries, ``1 <= max_positives <= MAX_QUERIES`` (more ⊤ answers than
