@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from .backends import query_records
 from .catalog import META_DATABASE, quote_ident, quote_string
 from .errors import CatalogError, DPCHError, QueryRejected
 from . import accelerate_table
@@ -111,11 +112,11 @@ def _name(definition: str) -> str:
 def _existing(conn, qualified: str) -> set[str]:
     db, name = qualified.split(".")
     try:
-        df = conn.backend.query_df(
-            f"SELECT name FROM system.projections WHERE database = {quote_string(db)} AND table = {quote_string(name)}")
+        rows = query_records(conn.backend, f"SELECT name FROM system.projections WHERE database = "
+                                           f"{quote_string(db)} AND table = {quote_string(name)}")
     except DPCHError:
         raise CatalogError("this ClickHouse has no system.projections (needs ClickHouse ≥ 24.10)") from None
-    return {str(n) for n in df["name"]}
+    return {row["name"] for row in rows}
 
 
 def resolve(conn, table: str, group_by, columns):
@@ -191,19 +192,18 @@ def _current(conn, qualified: str, ut) -> bool:
 
 def _listed(conn, qualified: str, existing: set[str]) -> list[Acceleration]:
     _ensure_meta(conn)
-    df = conn.backend.query_df(
-        f"SELECT name, any(group_by) AS gb, any(columns) AS cols FROM {ACCEL_TABLE} "
-        f"WHERE table_name = {quote_string(qualified)} GROUP BY name ORDER BY name")
+    rows = query_records(conn.backend, f"SELECT name, any(group_by) AS gb, any(columns) AS cols FROM {ACCEL_TABLE} "
+                                       f"WHERE table_name = {quote_string(qualified)} GROUP BY name ORDER BY name")
     out = []
-    for row in df.itertuples(index=False):
-        if row.name not in existing:
+    for row in rows:
+        if row["name"] not in existing:
             continue
-        gb, cols = tuple(str(x) for x in row.gb), tuple(str(x) for x in row.cols)
+        gb, cols = tuple(row["gb"]), tuple(row["cols"])
         try:
-            current = _name(_definition(conn, qualified, gb, cols)) == row.name
+            current = _name(_definition(conn, qualified, gb, cols)) == row["name"]
         except CatalogError:
             current = False
-        out.append(Acceleration(qualified, str(row.name), gb, cols, current))
+        out.append(Acceleration(qualified, row["name"], gb, cols, current))
     return out
 
 

@@ -5,15 +5,17 @@ runs what the caller built."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import pandas as pd
+from typing import TYPE_CHECKING, Protocol
 
 from .config import prepare_embedded_udf_dir, sql_function_definitions
 from .errors import BackendError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,15 @@ class Backend(Protocol):
     def insert_df(self, table: str, df: pd.DataFrame) -> None: ...
 
     def close(self) -> None: ...
+
+
+def query_records(backend, sql: str) -> list[dict]:
+    """The rows of ``sql`` as dicts, read through ClickHouse's JSONEachRow rendering. For metadata
+    reads (the catalog, probe tables): unlike ``query_df`` it needs no pandas, so commands that only
+    read metadata start without importing it. 64-bit integers come back as strings (ClickHouse
+    quotes them in JSON): callers convert with ``int()``."""
+    body = backend.query_formatted(sql, "JSONEachRow").body
+    return [json.loads(line) for line in body.splitlines() if line.strip()]
 
 
 def _install_sql_functions(run, definitions: list[tuple[str, str]]) -> None:

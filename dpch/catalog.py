@@ -46,6 +46,7 @@ import time
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
+from .backends import query_records
 from .catalog_model import (  # noqa: F401 - re-exported: the records moved to dpch.catalog_model
     META_DATABASE, META_TABLE, NEIGHBOURS, MAX_PUBLIC_KEYS, _NAME_RE, _INTEGER_TYPES, _FLOAT_TYPES,
     quote_ident, quote_string, base_type, is_nullable, is_integer_type, is_numeric_type, MAX_ABS_BOUND,
@@ -177,16 +178,16 @@ class Catalog:
                     f"argMax(deleted, version) AS t_deleted, max(version) AS t_version "
                     f"FROM {META_TABLE} GROUP BY table_name")
             try:  # read first: a read-only analyst on a server cannot create the table
-                df = self.backend.query_df(read)
+                rows = query_records(self.backend, read)
             except DPCHError:
                 self._ensure_meta()
-                df = self.backend.query_df(read)
+                rows = query_records(self.backend, read)
             entries: dict[str, TableEntry] = {}
-            for row in df.itertuples(index=False):
-                if int(row.t_deleted):
+            for row in rows:
+                if int(row["t_deleted"]):
                     continue
-                entries[str(row.t_name)] = _entry_from_row(str(row.t_name), str(row.t_spec),
-                                                           str(row.t_salt), int(row.t_version))
+                entries[row["t_name"]] = _entry_from_row(row["t_name"], row["t_spec"], row["t_salt"],
+                                                         int(row["t_version"]))
             try:
                 self.backend._dpch_catalog_cache = (time.monotonic(), entries)
             except AttributeError:  # pragma: no cover
@@ -222,24 +223,23 @@ class Catalog:
                 pass
 
     def _load_uncached_version(self, table: str) -> int | None:
-        df = self.backend.query_df(
-            f"SELECT max(version) AS max_v, count() AS n_rows FROM {META_TABLE} WHERE table_name = {quote_string(table)}")
-        if df.empty or int(df["n_rows"].iloc[0]) == 0:
+        rows = query_records(self.backend, f"SELECT max(version) AS max_v, count() AS n_rows FROM {META_TABLE} "
+                                           f"WHERE table_name = {quote_string(table)}")
+        if not rows or int(rows[0]["n_rows"]) == 0:
             return None
-        return int(df["max_v"].iloc[0])
+        return int(rows[0]["max_v"])
 
     def _describe(self, table: str) -> dict[str, str]:
         db, name = table.split(".", 1)
         try:
-            df = self.backend.query_df(f"DESCRIBE TABLE {quote_ident(db)}.{quote_ident(name)}")
+            rows = query_records(self.backend, f"DESCRIBE TABLE {quote_ident(db)}.{quote_ident(name)}")
         except DPCHError:
             raise CatalogError(f"table {table} does not exist (or cannot be described); create it first") from None
         cols: dict[str, str] = {}
-        for row in df.itertuples(index=False):
-            default_kind = str(getattr(row, "default_type", "") or "")
-            if default_kind in ("ALIAS", "EPHEMERAL"):
+        for row in rows:
+            if (row.get("default_type") or "") in ("ALIAS", "EPHEMERAL"):
                 continue
-            cols[str(row.name)] = str(row.type)
+            cols[str(row["name"])] = str(row["type"])
         if not cols:
             raise CatalogError(f"table {table} has no columns")
         return cols
@@ -465,9 +465,9 @@ class Catalog:
         spec = DistributedSpec(cluster=distributed["cluster"], local_table=self.qualify(distributed["local_table"]),
                                sharding_key=distributed["sharding_key"].strip())
         db, name = qualified.split(".", 1)
-        rows = self.backend.query_df(f"SELECT engine, engine_full FROM system.tables WHERE database = "
-                                     f"{quote_string(db)} AND name = {quote_string(name)}")
-        engine = (str(rows["engine"].iloc[0]), str(rows["engine_full"].iloc[0])) if len(rows) else ("", "")
+        rows = query_records(self.backend, f"SELECT engine, engine_full FROM system.tables WHERE database = "
+                                           f"{quote_string(db)} AND name = {quote_string(name)}")
+        engine = (str(rows[0]["engine"]), str(rows[0]["engine_full"])) if rows else ("", "")
         if engine[0] != "Distributed":
             raise CatalogError(f"{qualified} is not a Distributed table (engine {engine[0] or 'unknown'}); "
                                "register the Distributed table, not a local one")
@@ -518,8 +518,8 @@ class Catalog:
         """A referenced column must be a key (unique values): a row that references it then belongs
         to exactly one referenced row, hence to exactly one unit (docs/CONTROLLER.md, "Joins")."""
         col = quote_ident(column)
-        df = self.backend.query_df(f"SELECT count() AS n_rows, uniqExact({col}) AS n_keys FROM {entry.table_sql}")
-        if int(df["n_rows"].iloc[0]) != int(df["n_keys"].iloc[0]):
+        [row] = query_records(self.backend, f"SELECT count() AS n_rows, uniqExact({col}) AS n_keys FROM {entry.table_sql}")
+        if int(row["n_rows"]) != int(row["n_keys"]):
             raise CatalogError(f"{entry.table}.{column} is not a key (its values are not unique), so it cannot "
                                "be referenced: a referencing row must belong to exactly one referenced row")
 
@@ -538,8 +538,7 @@ class Catalog:
         if current_interface() == GATEWAY:  # an analyst behind the gateway learns nothing of other tables
             return unknown_table(qualified, None, names)
         try:
-            df = self.backend.query_df(TABLE_NAMES_SQL)
-            names |= set(df["t"])
+            names |= {row["t"] for row in query_records(self.backend, TABLE_NAMES_SQL)}
             exists = qualified in names
         except DPCHError:  # the engine could not be asked: say only what the catalog knows
             pass

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import getpass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .backends import Backend, EmbeddedBackend, ServerBackend
 from .config import default_data_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Connection:

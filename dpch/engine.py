@@ -12,11 +12,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
-
 from .catalog_model import TableEntry, quote_ident, quote_string
 
 if TYPE_CHECKING:
+    import pandas as pd
     from .backends import Formatted
 
 

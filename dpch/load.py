@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .backends import query_records
 from .errors import BackendError, DPCHError, InvalidParameter
 
 #: file suffix -> ClickHouse input format (otherwise ClickHouse detects the format itself)
@@ -273,39 +274,37 @@ def load(db, table: str, source, *, order_by: str | Sequence[str] | None = None,
         backend.command(f"DROP TABLE {full}")
         backend.command(f"RENAME TABLE {target} TO {full}")
     rows = _count(backend, full) - before
-    types = _columns(backend, table)
-    sorting = tuple(str(n) for n, k in zip(types["name"], types["is_in_sorting_key"]) if k)
-    return LoadResult(table=table, rows=int(rows), columns=dict(zip(types["name"], types["type"])),
-                      order_by=sorting)
+    columns = _columns(backend, table)
+    return LoadResult(table=table, rows=int(rows), columns={c["name"]: c["type"] for c in columns},
+                      order_by=tuple(c["name"] for c in columns if int(c["is_in_sorting_key"])))
 
 
 def _columns(backend, table: str):
     parts = table.strip().split(".")
     db_sql = _literal(parts[0]) if len(parts) == 2 else "currentDatabase()"
-    return backend.query_df(f"SELECT name, type, is_in_sorting_key FROM system.columns WHERE database = {db_sql} "
-                            f"AND table = {_literal(parts[-1])} ORDER BY position")
+    return query_records(backend, f"SELECT name, type, is_in_sorting_key FROM system.columns WHERE database = {db_sql} "
+                                  f"AND table = {_literal(parts[-1])} ORDER BY position")
 
 
 def _sorting_key(backend, table: str) -> list[str]:
-    cols = _columns(backend, table)
-    return [str(n) for n, k in zip(cols["name"], cols["is_in_sorting_key"]) if k]
+    return [c["name"] for c in _columns(backend, table) if int(c["is_in_sorting_key"])]
 
 
 def _describe_columns(backend, from_clause: str, what: str, keys) -> list[str]:
     try:
-        df = backend.query_df(f"DESCRIBE TABLE {from_clause}")
+        rows = query_records(backend, f"DESCRIBE TABLE {from_clause}")
     except BackendError as exc:
         raise _translate(exc, what, keys) from None
-    return [str(n) for n in df["name"]]
+    return [row["name"] for row in rows]
 
 
 def _table_exists(backend, table: str) -> bool:
     parts = table.strip().split(".")
     db_sql = _literal(parts[0]) if len(parts) == 2 else "currentDatabase()"
-    df = backend.query_df(f"SELECT count() AS n FROM system.tables WHERE database = {db_sql} "
-                          f"AND name = {_literal(parts[-1])}")
-    return int(df["n"][0]) > 0
+    [row] = query_records(backend, f"SELECT count() AS n FROM system.tables WHERE database = {db_sql} "
+                                   f"AND name = {_literal(parts[-1])}")
+    return int(row["n"]) > 0
 
 
 def _count(backend, full: str) -> int:
-    return int(backend.query_df(f"SELECT count() AS n FROM {full}")["n"][0])
+    return int(query_records(backend, f"SELECT count() AS n FROM {full}")[0]["n"])

@@ -30,6 +30,7 @@ import json
 import time
 from typing import Callable
 
+from .backends import query_records
 from .catalog import TableEntry, _backend_lock, quote_ident, quote_string
 from .engine import sanitize_error
 from .errors import CatalogError, QueryRejected
@@ -108,8 +109,7 @@ def ensure_probe_table(backend, entry: TableEntry) -> str:
             # a table left empty (a server restart, a crash between CREATE and its insert) gets
             # its row again; two racing processes may both add one: harmless, the probe's output
             # is discarded and a second row of the same defaults changes no type
-            df = backend.query_df(f"SELECT count() AS n FROM {qualified}")
-            if int(df["n"].iloc[0]) == 0:
+            if int(query_records(backend, f"SELECT count() AS n FROM {qualified}")[0]["n"]) == 0:
                 backend.command(insert)
         except Exception as exc:
             raise QueryRejected(f"the type check could not prepare its probe table for {entry.table} "

@@ -105,14 +105,14 @@ def test_own_writes_update_the_cached_catalog_without_a_reload(cat, db, monkeypa
     equals what a reload from the engine gives."""
     cat.get(f"{DB}.sales") if f"{DB}.sales" in cat else None  # the cache is warm
     reads = []
-    real = db.backend.query_df
+    real = db.backend.query_formatted  # the catalog's reads: dpch.backends.query_records
 
     def spy(sql, *a, **kw):
         if "argMax(spec, version)" in sql:
             reads.append(sql)
         return real(sql, *a, **kw)
 
-    monkeypatch.setattr(db.backend, "query_df", spy)
+    monkeypatch.setattr(db.backend, "query_formatted", spy)
     cat.register(f"{DB}.sales", privacy_unit="uid", bounds={"amount": (0, 7)}, replace=True)
     assert cat.get(f"{DB}.sales").bounds["amount"] == (0.0, 7.0)
     cat.update(f"{DB}.sales", bounds={"amount": (0, 9)})

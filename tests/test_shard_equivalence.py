@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from dpch.backends import Formatted
 from dpch.catalog import DistributedSpec, TableEntry, quote_string
 from dpch.controller import prepare
 from dpch.errors import DPCHError
@@ -181,12 +182,12 @@ class _DistributedEngine:
     def __init__(self, backend, engine_full: str):
         self.backend, self.engine_full = backend, engine_full
 
-    def query_df(self, sql: str):
+    def query_formatted(self, sql: str, fmt: str):
         if sql.startswith("SELECT engine, engine_full FROM system.tables") and "'p'" in sql:
-            import pandas as pd
-
-            return pd.DataFrame({"engine": ["Distributed"], "engine_full": [self.engine_full]})
-        return self.backend.query_df(sql)
+            assert fmt == "JSONEachRow", fmt  # the catalog reads metadata through dpch.backends.query_records
+            row = {"engine": "Distributed", "engine_full": self.engine_full}
+            return Formatted(json.dumps(row).encode() + b"\n", 1)
+        return self.backend.query_formatted(sql, fmt)
 
     def __getattr__(self, name):
         return getattr(self.backend, name)
