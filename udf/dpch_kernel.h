@@ -228,12 +228,17 @@ static inline int dpch_bern_exp_small128(dpch_u128 a, dpch_u128 b) {
 }
 
 /* Bernoulli(exp(-n/d)), d in [1, 2^127): CKS20 Alg. 1 with the gamma > 1 split:
- * floor(gamma) independent Bernoulli(exp(-1)) trials, then Bernoulli(exp(-frac(gamma))). */
+ * floor(gamma) independent Bernoulli(exp(-1)) trials, then Bernoulli(exp(-frac(gamma))).
+ * The whole part is consumed by subtraction, one trial per unit, instead of a 128-bit division:
+ * the same trials in the same order (so the same law, draw for draw), and most calls stop at
+ * the first failed trial (probability 1 - 1/e), before any division would have finished
+ * (permute-and-flip flips one coin per bucket; the division was 12 % of a quantile release). */
 static inline int dpch_bern_exp128(dpch_u128 n, dpch_u128 d) {
-    dpch_u128 g = n / d, r = n - g * d;
-    for (dpch_u128 i = 0; i < g; i++)
+    while (n >= d) {
         if (!dpch_bern_exp1()) return 0;
-    return dpch_bern_exp_small128(r, d);
+        n -= d;
+    }
+    return dpch_bern_exp_small128(n, d);
 }
 
 /* Bernoulli(exp(-n/d)) with n, d given as (hi, lo) 64-bit words; d in [1, 2^127). */
