@@ -195,14 +195,18 @@ class Catalog:
             return entries
 
     def _write(self, table: str, spec: str, salt: str, deleted: bool) -> None:
+        """Append a version of ``table``'s entry. The version is the clock in ns, or one above the
+        table's latest version if the clock is behind it (argMax must see every write as newer),
+        chosen by the INSERT itself: one statement, no read first. The cached copy takes the clock's
+        value; only if the clock was behind does it differ from the stored one, and the version
+        only keys the plan cache, so that costs at most a re-plan after the next reload."""
         self._ensure_meta()
         version = time.time_ns()
-        existing = self._load_uncached_version(table)
-        if existing is not None and existing >= version:
-            version = existing + 1
         self.backend.command(
-            f"INSERT INTO {META_TABLE} (table_name, version, deleted, spec, salt) VALUES "
-            f"({quote_string(table)}, {version}, {1 if deleted else 0}, {quote_string(spec)}, {quote_string(salt)})")
+            f"INSERT INTO {META_TABLE} (table_name, version, deleted, spec, salt) "
+            f"SELECT {quote_string(table)}, greatest(toUInt64({version}), "
+            f"(SELECT max(version) + 1 FROM {META_TABLE} WHERE table_name = {quote_string(table)})), "
+            f"{1 if deleted else 0}, {quote_string(spec)}, {quote_string(salt)}")
         self._written(table, None if deleted else _entry_from_row(table, spec, salt, version))
 
     def _written(self, table: str, entry: TableEntry | None) -> None:
@@ -221,13 +225,6 @@ class Catalog:
                 self.backend._dpch_catalog_cache = (stamp, entries)
             except AttributeError:  # pragma: no cover
                 pass
-
-    def _load_uncached_version(self, table: str) -> int | None:
-        rows = query_records(self.backend, f"SELECT max(version) AS max_v, count() AS n_rows FROM {META_TABLE} "
-                                           f"WHERE table_name = {quote_string(table)}")
-        if not rows or int(rows[0]["n_rows"]) == 0:
-            return None
-        return int(rows[0]["max_v"])
 
     def _describe(self, table: str) -> dict[str, str]:
         db, name = table.split(".", 1)

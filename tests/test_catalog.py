@@ -42,6 +42,26 @@ def test_persisted_in_the_engine(cat, db):
     assert int(rows["c"].iloc[0]) >= 1
 
 
+def test_a_write_is_newer_than_every_stored_version_even_with_the_clock_behind(cat, db):
+    """The version of a write is the clock in ns unless the table already has a later one (a clock
+    set back, another host ahead): then one above it, so the write still wins argMax on reload."""
+    table = f"{DB}.clock"
+    db.command(f"CREATE TABLE IF NOT EXISTS {table} (uid UInt64, amount Float64) ENGINE = MergeTree ORDER BY uid")
+    cat.register(table, privacy_unit="uid", bounds={"amount": (0, 1)}, replace=True)
+    ahead = 2 ** 63  # far beyond any clock
+    db.command(f"INSERT INTO {META_TABLE} (table_name, version, deleted, spec, salt) SELECT table_name, {ahead}, "
+               f"deleted, spec, salt FROM {META_TABLE} WHERE table_name = '{table}' ORDER BY version DESC LIMIT 1")
+    cat.update(table, bounds={"amount": (0, 2)})
+    versions = db.raw_query(f"SELECT version FROM {META_TABLE} WHERE table_name = '{table}' ORDER BY version")
+    assert [int(v) for v in versions["version"]][-2:] == [ahead, ahead + 1]
+    fresh = Catalog(db.backend)
+    fresh.refresh()
+    assert fresh.get(table).bounds["amount"] == (0.0, 2.0)
+    cat.drop(table)
+    fresh.refresh()
+    assert table not in fresh
+
+
 def test_salt_is_secret_and_stable(cat):
     e1 = cat.register(f"{DB}.sales", privacy_unit="uid", replace=True)
     assert len(e1.salt) == 32 and e1.salt not in repr(e1) and e1.salt not in str(e1.to_dict())
