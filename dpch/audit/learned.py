@@ -14,6 +14,7 @@ groups missing from an output, and learns bit patterns of `lowbit`).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,10 @@ class _Standardiser:
 
     @staticmethod
     def fit(x: np.ndarray) -> "_Standardiser":
-        with np.errstate(all="ignore"):
+        # a coordinate absent from every run (all NaN) is handled below; numpy's "All-NaN slice"
+        # warning comes through the warnings module, which errstate does not silence
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             centre = np.nanmedian(x, axis=0)
             q75, q25 = np.nanpercentile(x, [75, 25], axis=0)
             spread = q75 - q25
