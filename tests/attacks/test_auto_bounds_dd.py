@@ -53,6 +53,10 @@ EXAMPLES, JOIN_EXAMPLES = 20, 5  # measured: the whole module in about a minute 
 _settings = dict(derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck),
                  print_blob=True)
 
+# At small ε a privately chosen bound can drop a share of the rows, and the query says so with a
+# BiasWarning, as it should to a user; these tests check sensitivity and charges, not that warning.
+pytestmark = pytest.mark.filterwarnings("ignore::dpch.unit_profile.BiasWarning")
+
 
 # ------------------------------------------------------------------------------------------------
 # scenarios on one table
@@ -479,9 +483,6 @@ def test_rejected_auto_queries_charge_nothing(hdb):
 
 
 @pytest.mark.parametrize("eps", [0.3, 1.0, 0.7])
-# at small ε the privately chosen bound can drop a third of the rows: the BiasWarning says so to the
-# user; this test checks the charge only
-@pytest.mark.filterwarnings("ignore::dpch.unit_profile.BiasWarning")
 def test_auto_query_charges_the_requested_epsilon_once(hdb, eps):
     before = len(_history(hdb, f"{H}.t"))
     df = hdb.query(f"SELECT g AS k, COUNT(*) AS n, SUM(v) AS s FROM {H}.t GROUP BY k", epsilon=eps,
