@@ -45,8 +45,9 @@ def query_records(backend, sql: str) -> list[dict]:
     """The rows of ``sql`` as dicts, read through ClickHouse's JSONEachRow rendering. For metadata
     reads (the catalog, probe tables): unlike ``query_df`` it needs no pandas, so commands that only
     read metadata start without importing it. 64-bit integers come back as strings (ClickHouse
-    quotes them in JSON): callers convert with ``int()``."""
-    body = backend.query_formatted(sql, "JSONEachRow").body
+    quotes them in JSON): callers convert with ``int()``. ClickHouse writes String bytes as they
+    are; bytes that are not UTF-8 (a CSV header in Latin-1) come back as U+FFFD."""
+    body = backend.query_formatted(sql, "JSONEachRow").body.decode("utf-8", errors="replace")
     return [json.loads(line) for line in body.splitlines() if line.strip()]
 
 

@@ -38,6 +38,15 @@ def test_csv_schema_inferred_and_order_by_not_nullable(ldb, tmp_path):
     assert list(df["user_id"]) == [1, 2, 3]
 
 
+def test_a_header_that_is_not_utf8_loads_and_is_reported_readably(ldb, tmp_path):
+    """A CSV header in Latin-1 (b"na\\xefme") loads; the report shows the byte ClickHouse could not
+    decode as U+FFFD instead of failing with a decoding traceback (metadata comes back as JSON)."""
+    f = tmp_path / "latin1.csv"
+    f.write_bytes(b"na\xefme,x\n1,2\n")
+    res = ldb.load(f"{DB}.latin1", f)
+    assert res.rows == 1 and res.columns == {"na\ufffdme": "Nullable(Int64)", "x": "Nullable(Int64)"}
+
+
 def test_no_order_by_gives_tuple_key(ldb, tmp_path):
     f = _csv(tmp_path / "p.csv", [(1, "north", 3.5)])
     res = ldb.load(f"{DB}.nokey", str(f))
