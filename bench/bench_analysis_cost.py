@@ -18,6 +18,9 @@ bench/bench_clickbench.py) and times, interleaved, ``--reps`` runs each, medians
   alone on parts of the text (``EXPLAIN AST`` of the expressions).
 - ``view``: the same SQL stored as a view on the engine, read with ``SELECT * FROM`` it (does the
   engine keep a view's analysis? no: it analyses the view's text again on every query).
+- ``baseline``: the rewritten SQL of another commit's rewriter (``--baseline REV``) for the same
+  plans, against this tree's, interleaved: ``EXPLAIN PIPELINE`` and the run (``--verify``: rows
+  equal with the noise off).
 - ``settings``: ``EXPLAIN PIPELINE`` with one setting toggled at a time, interleaved with the
   query as emitted; with ``--verify``, every toggle is also run with the noise replaced by the
   identity and its rows compared with the emitted query's (equal rows: the toggle is exact there).
@@ -28,6 +31,8 @@ per process, so each store is measured by a child process of this script (``--on
 
     .venv/bin/python bench/bench_analysis_cost.py [--reps 30] [--parts kinds,levels,shapes,settings]
                                                   [--verify] [--only clickbench|small] [--queries Q40,Q41]
+    .venv/bin/python bench/bench_analysis_cost.py --parts baseline --baseline 4900797 --verify
+        (the rewriter of another commit against this one: same plans, interleaved)
 """
 from __future__ import annotations
 
@@ -271,8 +276,31 @@ def table(title: str, rows: dict[str, dict[str, float]], cols: list[str] = COLS)
         print(f"| {name} | " + " | ".join(f"{r[c]:.2f}" if c in r else "" for c in cols) + " |")
 
 
-def measure(db, queries: dict[str, tuple[str, str, str]], args) -> None:
-    """``queries``: name -> (rewritten SQL, plain SQL, the catalogued table's name in the SQL)."""
+def baseline_rewriter(rev: str):
+    """The ``dpch.rewrite`` package of git revision ``rev``, imported as ``dpch._rewrite_<rev>`` from
+    its files (``git show``): its relative imports resolve to this tree's dpch.plan, dpch.catalog,
+    … (the package's name, not its files' place, decides them), so only the rewriter differs."""
+    import importlib.util
+
+    root = HERE.parent
+    names = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", f"{rev}:dpch/rewrite"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    where = Path(tempfile.mkdtemp(prefix="dpch_rewrite_baseline_"))
+    for n in names:
+        if n.endswith(".py"):
+            (where / n).write_bytes(subprocess.run(["git", "-C", str(root), "show", f"{rev}:dpch/rewrite/{n}"],
+                                                   check=True, capture_output=True).stdout)
+    name = f"dpch._rewrite_{re.sub(r'[^A-Za-z0-9]', '_', rev)}"
+    spec = importlib.util.spec_from_file_location(name, where / "__init__.py", submodule_search_locations=[str(where)])
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def measure(db, queries: dict[str, tuple[str, str, str]], args, baselines: dict[str, str] | None = None) -> None:
+    """``queries``: name -> (rewritten SQL, plain SQL, the catalogued table's name in the SQL);
+    ``baselines``: name -> the rewritten SQL of ``--baseline``'s rewriter (part ``baseline``)."""
     session = db.backend._session  # the chDB session itself: no DataFrame conversion in the timing
     db.backend.command("CREATE FUNCTION IF NOT EXISTS __ac_identity AS (x, s) -> x")
     db.backend.command("CREATE DATABASE IF NOT EXISTS __ac_empty")
@@ -306,6 +334,15 @@ def measure(db, queries: dict[str, tuple[str, str, str]], args) -> None:
                 names[f"{where}{i}: `{one}`"] = f"EXPLAIN PIPELINE {text} SETTINGS {settings}"
             rows = timed(session, names, args.reps, stages=True)  # all levels interleaved
             table("each level cut out on its own (0 = innermost), EXPLAIN PIPELINE of it:", rows)
+        if "baseline" in parts:  # the rewriter of another commit, same plan, same store, interleaved
+            old_body = split_settings(baselines[name])[0]
+            table(f"as emitted ({len(levels(body))} levels) vs the rewriter of {args.baseline} "
+                  f"({len(levels(old_body))} levels):", timed(session, {
+                      "as emitted: EXPLAIN PIPELINE": f"EXPLAIN PIPELINE {body} SETTINGS {settings}",
+                      f"{args.baseline}: EXPLAIN PIPELINE": f"EXPLAIN PIPELINE {old_body} SETTINGS {settings}",
+                      "as emitted: run": sql, f"{args.baseline}: run": baselines[name]}, args.reps, stages=True))
+            if args.verify:
+                print(f"{args.baseline} vs emitted, noise replaced by the identity: {compare(session, sql, old_body)}")
         if "shapes" in parts:
             flat, flat_d = flatten(body), flatten(body, merge_bounding=True)
             table("the same query in other shapes, EXPLAIN PIPELINE:", timed(session, {
@@ -378,19 +415,19 @@ def compare(session, sql: str, flat_body: str) -> str:
             f"(the emitted SQL run twice: equal: {full[0] == full[1]})")
 
 
-def clickbench_queries(db, names: list[str]) -> dict[str, tuple[str, str, str]]:
+def clickbench_queries(db, names: list[str]) -> dict[str, tuple[str, str, object]]:
     from clickbench.queries import BY_NAME
     from dpch.controller import prepare
 
-    return {n: (prepare(db, BY_NAME[n].sql, epsilon=EPS, delta=DELTA).rewritten.sql, BY_NAME[n].sql,
-                "`clickbench`.`hits`") for n in names}
+    return {n: (BY_NAME[n].sql, "`clickbench`.`hits`", prepare(db, BY_NAME[n].sql, epsilon=EPS, delta=DELTA))
+            for n in names}
 
 
-def small_queries(db, names: list[str]) -> dict[str, tuple[str, str, str]]:
+def small_queries(db, names: list[str]) -> dict[str, tuple[str, str, object]]:
     from bench_small_query import EPS as SMALL_EPS, QUERIES
     from dpch.controller import prepare
 
-    return {f"small {n}": (prepare(db, dp, epsilon=SMALL_EPS).rewritten.sql, plain, "`bench`.`small`")
+    return {f"small {n}": (plain, "`bench`.`small`", prepare(db, dp, epsilon=SMALL_EPS))
             for n, (dp, plain) in QUERIES.items() if n in names}
 
 
@@ -409,9 +446,14 @@ def child(args) -> int:
         db = dpch.connect(work / "s", analyst="bench")
         try:
             names = args.queries.split(",")
-            qs = (clickbench_queries(db, [n for n in names if n in CLICKBENCH_QUERIES + [f"Q{i}" for i in range(43)]])
-                  if args.only == "clickbench" else small_queries(db, [n for n in names if n in SMALL_QUERIES]))
-            measure(db, qs, args)
+            prepared = (clickbench_queries(db, [n for n in names if n in CLICKBENCH_QUERIES + [f"Q{i}" for i in range(43)]])
+                        if args.only == "clickbench" else small_queries(db, [n for n in names if n in SMALL_QUERIES]))
+            qs = {n: (p.rewritten.sql, plain, tbl) for n, (plain, tbl, p) in prepared.items()}  # type: ignore[attr-defined]
+            baselines = None
+            if args.baseline:
+                old = baseline_rewriter(args.baseline)
+                baselines = {n: old.rewrite(p.plan).sql for n, (_, _, p) in prepared.items()}  # type: ignore[attr-defined]
+            measure(db, qs, args, baselines)
         finally:
             db.close()
     finally:
@@ -424,12 +466,13 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--parts", default="kinds,levels,shapes,settings",
-                    help="comma list of kinds, levels, shapes, view, settings")
+                    help="comma list of kinds, levels, shapes, view, settings, baseline (needs --baseline)")
     ap.add_argument("--verify", action="store_true", help="compare each toggle's rows with the noise off")
     ap.add_argument("--only", choices=["clickbench", "small"], help="one store, in this process")
     ap.add_argument("--queries", default=",".join(SMALL_QUERIES + CLICKBENCH_QUERIES),
                     help="small-table queries (COUNT, SUM, AVG) and ClickBench queries (Q0-Q42)")
     ap.add_argument("--toggles", help="only these settings (';'-separated, e.g. 'max_threads = 1;compile_expressions = 0')")
+    ap.add_argument("--baseline", metavar="REV", help="part baseline: the rewriter of git revision REV, same plans")
     ap.add_argument("--dump", metavar="DIR", help="write each rewritten SQL measured into DIR")
     ap.add_argument("--small-rows", type=int, default=1_000_000)
     args = ap.parse_args()

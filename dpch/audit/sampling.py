@@ -320,6 +320,16 @@ def _join_on_rep(sel: exp.Select, first: str) -> None:
 # --------------------------------------------------------------------------------------------
 # Which result columns are released values (outputs) and which are group keys
 # --------------------------------------------------------------------------------------------
+def _with_clause(sel: exp.Select):
+    return sel.args.get("with_") or sel.args.get("with")  # sqlglot 30 names it with_
+
+
+def _with_aliases(scope: exp.Select) -> dict[str, exp.Expression]:
+    """The scope's ``WITH <expression> AS <name>`` aliases (ClickHouse's scalar WITH), by name."""
+    w = _with_clause(scope)
+    return {c.alias_or_name: c.this for c in (w.expressions if w else []) if c.args.get("scalar")}
+
+
 def _is_noisy(node: exp.Expression, scope: exp.Select, depth: int = 0) -> bool | None:
     """Does an expression carry a released (aggregate/noise) value? Follows column references into
     derived tables. None when it cannot tell."""
@@ -339,9 +349,16 @@ def _is_noisy(node: exp.Expression, scope: exp.Select, depth: int = 0) -> bool |
     sources = [from_.this] + [j.this for j in scope.args.get("joins") or []]
     derived = [s for s in sources if isinstance(s, exp.Subquery) and isinstance(s.this, exp.Select)]
     verdict = False
+    aliases = _with_aliases(scope)
     for col in cols:
         if isinstance(col.this, exp.Star):
             return None
+        if not col.table and col.name in aliases:  # `WITH expr AS name` (the released values)
+            inner = _is_noisy(aliases[col.name], scope, depth + 1)
+            if inner is None:
+                return None
+            verdict = verdict or inner
+            continue
         for sub in derived:
             if col.table and col.table != sub.alias_or_name:
                 continue
@@ -394,7 +411,7 @@ def _projection_chain(tree: exp.Expression) -> list[exp.Select]:
         chain.append(sel)
         if _has_aggregate(sel):
             return chain
-        if (sel.args.get("with") is not None and len(chain) > 1) or any(
+        if (_with_clause(sel) is not None and len(chain) > 1) or any(
                 sel.args.get(a) is not None for a in ("where", "group", "having", "joins", "laterals")) \
                 or any(isinstance(n, exp.Window) for p in sel.expressions for n in _walk_scope(p)):
             return []
@@ -458,8 +475,10 @@ def nonempty_runs_sql(sql: str, table_map: dict[str, str], reps: tuple[int, int]
     agg.set("expressions", [exp.alias_(group.expressions[-1].copy(), REP)])
     for arg in ("having", "order", "limit", "distinct", "offset"):
         agg.set(arg, None)
-    if agg is not tree:  # the aggregate's own runs; the projections above it keep every row
-        agg.set("with", tree.args.get("with"))
+    w = _with_clause(tree)
+    ctes = [c.copy() for c in (w.expressions if w else []) if not c.args.get("scalar")]
+    if agg is not tree and ctes:  # the aggregate's own runs; the projections above it keep every row
+        agg.set("with_", exp.With(expressions=ctes))  # its tables, not the top's scalar aliases
     return render(agg)
 
 

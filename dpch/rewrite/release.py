@@ -40,22 +40,26 @@ class ReleaseStages:
         return (f"SELECT {', '.join(cols)}\nFROM ({keys_sql}) AS __dp_keys\nLEFT JOIN (\n{_indent(groups)}\n) "
                 f"AS __dp_agg ON {on}")
 
-    def _selection_first_sql(self, inner: str) -> str:
-        """Private partition selection before anything else is noised: the selection count is
-        drawn and thresholded in its own subquery (so that the filter and the released count are
-        one draw); the other quantities are noised only for the released groups (each draw is
+    def _selection_first_sql(self, inner: str) -> tuple[str, str]:
+        """Private partition selection before anything else is noised: (the level that draws the
+        selection count, the threshold's WHERE for the level above it). The count is drawn in its
+        own subquery and the parent filters on it, so that the filter and the released count are
+        one draw; the other quantities are noised only for the released groups (each draw is
         independent of the selection's, so their distribution is unchanged; the noise UDF then runs
         on the released groups, not on every candidate: ClickBench Q30, bench/RESULTS.md). A
-        peeling top-n's candidates are the released groups."""
+        peeling top-n's candidates are the released groups. The WHERE goes on the parent's own
+        level rather than a ``SELECT * ... WHERE`` level of its own (one level less to analyse:
+        docs/PERFORMANCE.md, "Flattening"); it names only the drawn column, which the parent
+        passes through under its own name."""
         p = self.plan
         sel_q = p.quantities[p.selection.quantity]  # type: ignore[union-attr]
         value = f"toInt64({sel_q.column})"
         noised = (f"SELECT *, {sel_q.noise_sql(value) if self.noise else value} AS {sel_q.noisy_column}\n"
                   f"FROM (\n{_indent(inner)}\n)")
         where = f"\nWHERE {sel_q.noisy_column} >= {p.selection.threshold}" if self.selection else ""  # type: ignore[union-attr]
-        return f"SELECT *\nFROM (\n{_indent(noised)}\n){where}"
+        return noised, where
 
-    def top_k_sql(self, inner: str) -> str:
+    def top_k_sql(self, inner: str, where: str = "") -> str:
         """The peeling top-n stage (dpch.plan.top_k): every candidate group in one array, the n
         chosen by dpch_top_k over their true scores (without noise, for neighbouring-dataset checks
         only: the exact top n, ties by position), then unfolded with their rank (1 = chosen first)."""
@@ -75,7 +79,7 @@ class ReleaseStages:
         else:
             chosen = (f"arrayMap(__dp_i -> toUInt32(__dp_i - 1), arraySlice(arraySort(__dp_i -> "
                       f"tuple(-({scores})[__dp_i], __dp_i), arrayEnumerate(__dp_all)), 1, {t.n}))")
-        collect = f"SELECT groupArray(tuple({', '.join(cols)})) AS __dp_all\nFROM (\n{_indent(inner)}\n)"
+        collect = f"SELECT groupArray(tuple({', '.join(cols)})) AS __dp_all\nFROM (\n{_indent(inner)}\n){where}"
         choose = f"SELECT __dp_all, {chosen} AS __dp_top\nFROM (\n{_indent(collect)}\n)"
         unfold = (f"SELECT arrayJoin(arrayMap((__dp_i, __dp_r) -> tuple(__dp_all[__dp_i + 1], __dp_r), __dp_top, "
                   f"arrayEnumerate(__dp_top))) AS __dp_g\nFROM (\n{_indent(choose)}\n)")
@@ -89,7 +93,7 @@ class ReleaseStages:
         early = p.selection is not None and q.index == p.selection.quantity
         return q.released and not early
 
-    def noised_sql(self, inner: str) -> str:
+    def noised_sql(self, inner: str, where: str = "") -> str:
         p = self.plan
         cols = [self._k(j) for j in range(self.nk)]
         if p.top_k is not None:
@@ -104,7 +108,7 @@ class ReleaseStages:
                 continue
             value = f"toInt64({q.column})"
             cols.append(f"{q.noise_sql(value) if self.noise else value} AS {q.noisy_column}")
-        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
+        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n){where}"
 
     def _quantile_buckets(self, q: Quantity) -> str:
         """The released buckets (Array(UInt32), one per level): dpch_quantiles at ε/coords per
@@ -156,20 +160,24 @@ class ReleaseStages:
     def _agg_released(self, i: int) -> bool:
         return all(self.plan.quantities[qi].released for qi in self.plan.aggregates[i].roles.values())
 
-    def released_sql(self, inner: str) -> str:
+    def released_with(self) -> str:
+        """The released values (``__dp_a<i>``: post-processing of the noisy columns) as the outer
+        query's ``WITH`` aliases, not a level of their own (docs/PERFORMANCE.md, "Flattening"):
+        deterministic expressions of the noised level's columns, which the outer query's SELECT,
+        WHERE (the analyst's HAVING) and ORDER BY read by name. Partition selection has already
+        filtered the groups (``_selection_first_sql``)."""
         p = self.plan
-        cols = [self._k(j) for j in range(self.nk)] + (["__dp_rank"] if p.top_k is not None else [])
-        cols += [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates)) if self._agg_released(i)]
-        cols += [q.noisy_column for q in p.quantities if q.released]
-        # partition selection has already filtered the groups (_selection_first_sql)
-        return f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
+        items = [f"{self._agg_value_sql(i)} AS __dp_a{i}" for i in range(len(p.aggregates)) if self._agg_released(i)]
+        return f"WITH {', '.join(items)}\n" if items else ""
 
-    def outer_sql(self, inner: str, with_internal: bool = True) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    def outer_sql(self, noised: str, with_internal: bool = True) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """The analyst's query over the noised level: their outputs, HAVING (as WHERE), ORDER BY and
+        LIMIT over the released values (``released_with``), the keys and ``__dp_rank``."""
         bound = self.plan.bound
         cols = [f"{sql_of(o.template)} AS {quote_ident(o.name)}" for o in bound.outputs]
         internal = tuple(q.noisy_column for q in self.plan.quantities if q.released) if with_internal else ()
         cols += [f"{c} AS {c}_out" for c in internal]
-        sql = f"SELECT {', '.join(cols)}\nFROM (\n{_indent(inner)}\n)"
+        sql = f"{self.released_with()}SELECT {', '.join(cols)}\nFROM (\n{_indent(noised)}\n)"
         if bound.having is not None:
             sql += f"\nWHERE {sql_of(bound.having)}"
         if bound.order:

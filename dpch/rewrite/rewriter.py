@@ -40,17 +40,17 @@ class _Rewriter(BoundingStages, ReleaseStages):
     def build(self) -> Rewritten:
         groups = self.groups_sql(key_hash=True)
         keyed = self.with_public_keys(groups, key_hash=True)
+        where = ""  # the selection threshold, applied on the level above the draw
         if self.plan.selection is not None:
-            keyed = self._selection_first_sql(keyed)
+            keyed, where = self._selection_first_sql(keyed)
         if self.plan.top_k is not None:
-            keyed = self.top_k_sql(keyed)
-        noised = self.noised_sql(keyed)
-        released = self.released_sql(noised)
-        display, names, internal = self.outer_sql(released)
+            keyed, where = self.top_k_sql(keyed, where), ""
+        noised = self.noised_sql(keyed, where)
+        display, names, internal = self.outer_sql(noised)
         shown = display.replace(SALT_PLACEHOLDER, "<secret salt>").replace(UNIT_SALT_PLACEHOLDER, "<secret salt>")
         return Rewritten(sql=self._salted(with_settings(display)), display_sql=shown, output_names=names,
                          internal_columns=internal,
-                         released_sql=self._salted(self.outer_sql(released, with_internal=False)[0]))
+                         released_sql=self._salted(self.outer_sql(noised, with_internal=False)[0]))
 
     def _salted(self, sql: str) -> str:
         return sql.replace(SALT_PLACEHOLDER, self.plan.entry.hash_key_sql()).replace(
