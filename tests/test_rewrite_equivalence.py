@@ -210,10 +210,12 @@ def test_reference_detects_a_wrong_cap(edb):
 ])
 def test_quantile_rows_kept_equal_reference(edb, sql, opts):
     """The quantile path keeps, per unit, the rows of its chosen group (k = 1: smallest h) with the
-    smallest (keyed bucket hash, bucket) pairs, at most min(C, M) of them; the group stage is their
-    bucket histogram. The rewriter packs each pair into one UInt128 (hash·2^32 + bucket, which sorts
-    as the pair does); the reference sorts the pairs themselves, in Python, over the engine's per-row
-    values: the histograms must be equal exactly."""
+    smallest (order, bucket) pairs, at most min(C, M) of them, where order is the unit's own order of
+    the bucket (intHash64 of the keyed bucket hash XOR the unit's salted hash) and a row without a
+    bucket (NULL) comes last; the group stage is their bucket histogram. The rewriter packs each pair
+    into one UInt128 (order·2^32 + bucket, which sorts as the pair does); the reference sorts the
+    pairs themselves, in Python, over the engine's per-row values: the histograms must be equal
+    exactly."""
     plan = prepare(edb, sql.format(t=TABLE), epsilon=1.0, **opts).plan
     rw = _Rewriter(plan, noise=False, selection=False, table=None)
     assert rw.quant_qs and plan.bounding.k == 1
@@ -223,7 +225,8 @@ def test_quantile_rows_kept_equal_reference(edb, sql, opts):
     buckets = [f"ifNull({q.row_sql}, {QUANTILE_BUCKETS})" for q in rw.quant_qs]
     cols = [f"{unit} AS u", f"{h} AS h"] + [f"tuple({k}) AS k{j}" for j, k in enumerate(keys)] + \
         [f"toUInt32({b}) AS b{i}" for i, b in enumerate(buckets)] + \
-        [f"sipHash64Keyed({SALT}, {b}) AS ph{i}" for i, b in enumerate(buckets)]
+        [f"if(isNull({q.row_sql}), 18446744073709551615, intHash64(bitXor(sipHash64Keyed({SALT}, {b}), "
+         f"{rw._unit_part_sql(unit)}))) AS ph{i}" for i, (q, b) in enumerate(zip(rw.quant_qs, buckets))]
     where = rw._where(key_filters=not rw._defer_key_filters())
     df = edb.raw_query(rw._salted(f"SELECT {', '.join(cols)} FROM {plan.entry.table_sql}{where}"))
     cap = min(plan.bounding.max_rows, plan.bounding.rows_per_group)
@@ -256,11 +259,12 @@ def test_quantile_rows_kept_equal_reference(edb, sql, opts):
      {"max_groups_contributed": 3, "max_rows_per_unit": 7, "max_rows_per_group": 2}),
 ])
 def test_count_distinct_equals_reference(edb, sql, opts):
-    """COUNT(DISTINCT v) keeps, per kept group of a unit, its r rows with the smallest keyed value hash
-    (r: the row caps of the rule above) and counts the distinct non-NULL values of the kept rows per
-    group. The rewriter packs (value hash, not-NULL bit) into one UInt128 and counts distinct hashes;
-    the reference sorts the (hash, value) pairs in Python and counts the values themselves, so it
-    also checks that no two values of the data collide."""
+    """COUNT(DISTINCT v) keeps, per kept group of a unit, its first r rows (r: the row caps of the
+    rule above) in the unit's own order: (the top 63 bits of intHash64(keyed value hash XOR the unit's
+    salted hash), NULL values last; then the value hash), and counts the distinct non-NULL values of
+    the kept rows per group. The rewriter packs (order, value hash, not-NULL bit) into one UInt128
+    and counts distinct value hashes; the reference sorts the triples in Python and counts the values
+    themselves, so it also checks that no two values of the data collide."""
     plan = prepare(edb, sql.format(t=TABLE), epsilon=1.0, **opts).plan
     rw = _Rewriter(plan, noise=False, selection=False, table=None)
     b = plan.bounding
@@ -273,7 +277,9 @@ def test_count_distinct_equals_reference(edb, sql, opts):
     h = rw.unit_hash_sql(keys, unit) if keys else "toUInt64(0)"
     cols = [f"{unit} AS u", f"{h} AS h"] + [f"tuple({k_}) AS k{j}" for j, k_ in enumerate(keys)] + \
         [f"tuple({q.row_sql}) AS v{i}" for i, q in enumerate(rw.quant_qs)] + \
-        [f"sipHash64Keyed({SALT}, tuple({q.row_sql})) AS vh{i}" for i, q in enumerate(rw.quant_qs)]
+        [f"sipHash64Keyed({SALT}, tuple({q.row_sql})) AS vh{i}" for i, q in enumerate(rw.quant_qs)] + \
+        [f"bitShiftRight(if(isNull({q.row_sql}), 18446744073709551615, intHash64(bitXor(sipHash64Keyed({SALT}, "
+         f"tuple({q.row_sql})), {rw._unit_part_sql(unit)}))), 1) AS vo{i}" for i, q in enumerate(rw.quant_qs)]
     where = rw._where(key_filters=not rw._defer_key_filters())
     df = edb.raw_query(rw._salted(f"SELECT {', '.join(cols)} FROM {plan.entry.table_sql}{where}"))
     ref: dict = {}
@@ -285,9 +291,10 @@ def test_count_distinct_equals_reference(edb, sql, opts):
             used += min(c, C)
             key = tuple(_norm(grp[f"k{j}"].iloc[0][0]) for j in range(len(keys)))
             for i in range(len(rw.quant_qs)):
-                pairs = sorted(zip(grp[f"vh{i}"].astype(np.uint64), [_norm(t[0]) for t in grp[f"v{i}"]]),
-                               key=lambda t: (int(t[0]), str(t[1])))[:r]
-                ref.setdefault((key, i), set()).update(v for _, v in pairs if v is not None)
+                vals = [_norm(t[0]) for t in grp[f"v{i}"]]
+                triples = sorted(zip(grp[f"vo{i}"].astype(np.uint64), grp[f"vh{i}"].astype(np.uint64), vals),
+                                 key=lambda t: (int(t[0]), int(t[1]), t[2] is not None))[:r]
+                ref.setdefault((key, i), set()).update(v for _, _, v in triples if v is not None)
     got = edb.raw_query(rw._salted(rw.groups_sql()))
     checked = 0
     for _, row in got.iterrows():

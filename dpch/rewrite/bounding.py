@@ -120,7 +120,8 @@ class BoundingStages:
             res = [f"__dp_re{i}" for i in range(len(self.row_qs))]
             rq = self.rq_columns
         cap = min(self.plan.bounding.max_rows, self.plan.bounding.rows_per_group)
-        pairs = [self._pair(q, r) for q, r in zip(self.quant_qs, rq)]
+        unit = quote_ident(self.plan.entry.privacy_unit) if inline else "__dp_u"  # type: ignore[arg-type]
+        pairs = [self._pair(q, r, unit) for q, r in zip(self.quant_qs, rq)]
         sq = [f"__dp_sq{i}" for i in range(len(pairs))]
         if not self.nk:
             return [("__dp_c", "toInt64(count())")] + [(f"__dp_s{i}", f"sum({r})") for i, r in enumerate(res)] + \
@@ -143,31 +144,46 @@ class BoundingStages:
         return [f"__dp_rq{first.setdefault((q.kind, q.row_sql), i)}" for i, q in enumerate(self.quant_qs)]
 
     def _bq_column(self, q: Quantity) -> str:
-        """The bounded stage's kept values of ``q``: the first quantity's with the same row
-        expression (``rq_columns``), so the group stage's aggregate is computed once too."""
-        return self.rq_columns[self.quant_qs.index(q)].replace("__dp_rq", "__dp_bq")
+        """The bounded stage's kept values of ``q`` (its ``__dp_sq<i>``, passed through): the first
+        quantity's with the same row expression (``rq_columns``), so the group stage's aggregate is
+        computed once too."""
+        return self.rq_columns[self.quant_qs.index(q)].replace("__dp_rq", "__dp_sq")
 
-    def _pair(self, q: Quantity, value_sql: str) -> str:
+    def _pair(self, q: Quantity, value_sql: str, unit_sql: str) -> str:
         if q.kind == "quantile":
-            return self._hashed_bucket(value_sql)
-        # a distinct value: its keyed hash (tuple() makes a NULL value hashable) and a not-NULL bit,
-        # packed as one UInt128 hash·2 + bit. A unit keeps its rows with the smallest hashes as
-        # with the (hash, value) tuple this replaces (same multiset of kept hashes); the group stage
-        # counts distinct kept hashes of non-NULL values, which equals the distinct values unless
-        # two of them collide (the count is then lower; a unit still adds at most its kept hashes,
-        # so the sensitivity is unchanged). A number sorts ~4x faster than a tuple holding a String
-        # (bench/RESULTS.md, ClickBench Q5)
-        return (f"bitOr(bitShiftLeft(toUInt128(sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql}))), 1), "
+            return self._hashed_bucket(value_sql, unit_sql=unit_sql)
+        # a distinct value: its keyed hash vh (tuple() makes a NULL value hashable) and a not-NULL
+        # bit, packed as one UInt128 after the unit's order key: order·2^65 + vh·2 + bit, with
+        # order = the top 63 bits of _row_order (NULL last). A unit keeps the rows that come first;
+        # the group stage counts distinct vh of non-NULL values, which equals the distinct values
+        # unless two of them collide (the count is then lower; a unit still adds at most its kept
+        # hashes, so the sensitivity is unchanged). A number sorts ~4x faster than a tuple holding a
+        # String (bench/RESULTS.md, ClickBench Q5)
+        vh = f"sipHash64Keyed({SALT_PLACEHOLDER}, tuple({value_sql}))"
+        order = f"bitShiftRight({self._row_order(vh, f'isNull({value_sql})', unit_sql)}, 1)"
+        return (f"bitOr(bitOr(bitShiftLeft(toUInt128({order}), 65), bitShiftLeft(toUInt128({vh}), 1)), "
                 f"toUInt128(isNotNull({value_sql})))")
 
-    @staticmethod
-    def _hashed_bucket(bucket_sql: str, hashed: bool = True) -> str:
-        """(keyed hash of the bucket, bucket), packed: sorted, a unit's first r are the r rows it keeps
-        (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS and are dropped later).
-        Row level keeps every row, so no hash is computed there (``hashed=False``: 0)."""
+    def _row_order(self, value_hash: str, is_null: str, unit_sql: str) -> str:
+        """The order in which a unit keeps its rows for a quantile or a distinct count (UInt64, the
+        smallest first): the value's keyed hash mixed with the unit's own salted hash, so that each
+        unit's order is its own (with one order for every unit, all units would keep the same
+        values, and a quantile's kept rows would lean towards whichever values the salt ranks
+        first), and every row whose value is NULL (a NULL column, a row outside an -If condition)
+        last, so that such rows never take the place of a value (they are dropped afterwards).
+        A function of the unit's own rows (and its id) only: the sensitivity is unchanged."""
+        return (f"if({is_null}, toUInt64(18446744073709551615), "
+                f"intHash64(bitXor({value_hash}, {self._unit_part_sql(unit_sql)})))")
+
+    def _hashed_bucket(self, bucket_sql: str, hashed: bool = True, unit_sql: str = "") -> str:
+        """(the unit's order of the bucket (``_row_order``), bucket), packed: sorted, a unit's first r
+        are the r rows it keeps (NULL buckets, rows not in the histogram, become QUANTILE_BUCKETS,
+        come last and are dropped later). Row level keeps every row, so no hash is computed there
+        (``hashed=False``: 0)."""
         b = f"ifNull({bucket_sql}, {QUANTILE_BUCKETS})"
-        key = f"sipHash64Keyed({SALT_PLACEHOLDER}, {b})" if hashed else "toUInt64(0)"
-        # packed as one UInt128 hash·2^32 + bucket, which sorts exactly as the pair (hash, bucket)
+        key = (self._row_order(f"sipHash64Keyed({SALT_PLACEHOLDER}, {b})", f"isNull({bucket_sql})", unit_sql)
+               if hashed else "toUInt64(0)")
+        # packed as one UInt128 order·2^32 + bucket, which sorts exactly as the pair (order, bucket)
         # does: groupArraySorted over a number is ~4x faster than over a tuple (bench/RESULTS.md,
         # ClickBench Q6); the bucket is the low 32 bits (_histogram)
         return f"bitOr(bitShiftLeft(toUInt128({key}), 32), toUInt128(toUInt32({b})))"
@@ -228,7 +244,7 @@ class BoundingStages:
             where = (where + f" AND ({unit} IS NOT NULL)") if where else f"\nWHERE {unit} IS NOT NULL"
         rows_sql = f"SELECT {rows}\nFROM {self.table_sql}{where}"
 
-        bq_cols = [f"__dp_sq{i} AS __dp_bq{i}" for i in range(len(self.quant_qs))]
+        bq_cols = [f"__dp_sq{i}" for i in range(len(self.quant_qs))]
         if not self.nk or b.k == 1:
             assert self.weighted is None, "the weighted selection statistic needs the k > 1 path"
             cap = min(b.max_rows, b.rows_per_group)
@@ -251,7 +267,7 @@ class BoundingStages:
             k, C, M = b.k, b.rows_per_group, b.max_rows
             stage1_cols = ["__dp_u", "__dp_h"] + ([] if kh else [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)]) + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
-                [f"groupArraySorted({C})({self._pair(q, c)}) AS __dp_sq{i}"
+                [f"groupArraySorted({C})({self._pair(q, c, '__dp_u')}) AS __dp_sq{i}"
                  for i, (q, c) in enumerate(zip(self.quant_qs, self.rq_columns))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its k groups with the smallest keyed hashes, in hash order: one array per
@@ -293,14 +309,18 @@ class BoundingStages:
                 scaled.append(
                     f"if(__dp_c <= __dp_r, __dp_s{i}, least(greatest(toInt64(round(__dp_s{i} * __dp_r / __dp_c)), "
                     f"__dp_r * ({q.lo_units})), __dp_r * {q.hi_units})) AS __dp_b{i}")
-            bounded = f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(unfold)}\n)"
+            # without sums nothing is scaled: the group stage reads the unfolded rows directly
+            # (a pass-through level costs the engine's analysis 1-2 ms: docs/PERFORMANCE.md)
+            bounded = unfold if not self.row_qs else \
+                f"SELECT {', '.join(scaled + bq_cols)}\nFROM (\n{_indent(unfold)}\n)"
 
         group_cols = ["__dp_kh"] if kh else [self._k(j) for j in range(self.nk)]
         for q in p.quantities:
             if q.kind == "quantile":
                 group_cols.append(f"{self._histogram(self._bq_column(q))} AS {q.column}")
             elif q.kind == "distinct":  # NULL values (bit 0) are skipped, as COUNT(DISTINCT) does
-                group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> bitShiftRight(__dp_t, 1), "
+                group_cols.append(f"toInt64(uniqExactArray(arrayMap(__dp_t -> bitAnd(bitShiftRight(__dp_t, 1), "
+                                  f"toUInt128(18446744073709551615)), "
                                   f"arrayFilter(__dp_t -> bitAnd(__dp_t, 1) = 1, {self._bq_column(q)})))) "
                                   f"AS {q.column}")
             elif q.kind == "units":
