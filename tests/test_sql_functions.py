@@ -135,6 +135,18 @@ def test_udf_noises_nan_rows_as_lower_bound(sqlfn):
     assert abs(sums.mean()) < 8 * math.sqrt(2 * 100 / N)
 
 
+def test_null_rows_are_left_out_not_clipped_to_lo(sqlfn):
+    """NULL is not a value (as in sum/avg): 500 rows of 10 and 500 NULL rows, bounds (5, 10).
+    dp_sum is 5000 + noise and dp_avg 10 + noise; NULLs taken as lo would give 7500 and 7.5.
+    ε = 10^6 (per call): the sum's Laplace scale is about 10^-5, the average's noisy count and sum
+    move it by far less than 0.01, so the tolerances (1 and 0.01) fail only if the noise exceeds
+    10^5 scales: probability e^-100000."""
+    df = sqlfn.raw_query("SELECT dp_sum(x, 5, 10, 1000000.) AS s, dp_avg(x, 5, 10, 1000000.) AS a "
+                         "FROM (SELECT if(number % 2 = 1, NULL, 10.) AS x FROM numbers(1000))")
+    assert abs(float(df["s"].iloc[0]) - 5000) < 1
+    assert abs(float(df["a"].iloc[0]) - 10) < 0.01
+
+
 # ------------------------------------------------------------------------------------------------
 # Errors never depend on, nor echo, the data (issue 11): argument types, constness and parameter
 # values are checked while ClickHouse analyses the query (the checks are constant expressions; see

@@ -56,10 +56,21 @@ def float_literal(x: float) -> str:
     return f"({s})" if s.startswith("-") else s
 
 
+def clamp_sql(x: str, lo: str, hi: str) -> str:
+    """``x`` clipped to [lo, hi], a NULL ``x`` staying NULL (so that AVG, COUNT(x), quantiles and
+    MIN/MAX skip it, as SQL does). Not ``least(greatest(x, lo), hi)``: since ClickHouse 24.12
+    least/greatest ignore NULL arguments (``greatest(NULL, 0) = 0`` on chDB 26.9; the old behaviour
+    is the setting ``least_greatest_legacy_null_behavior``), which counted every NULL as the lower
+    bound. A comparison with NULL is NULL and ``if`` takes a NULL condition as false, so NULL reaches
+    the last branch. Written into the expression, not a setting, so that per-unit projections and
+    materialized views, computed under their inserting session's settings, hold the same values."""
+    return f"if({x} < {lo}, {lo}, if({x} > {hi}, {hi}, {x}))"
+
+
 def clip_float_sql(s: str, lo: float, hi: float) -> str:
-    """``s`` as Float64 clipped to [lo, hi], NaN mapped to lo."""
+    """``s`` as Float64 clipped to [lo, hi], NaN mapped to lo, NULL kept NULL (``clamp_sql``)."""
     return (f"if(isNaN(toFloat64({s})), {float_literal(lo)}, "
-            f"least(greatest(toFloat64({s}), {float_literal(lo)}), {float_literal(hi)}))")
+            f"{clamp_sql(f'toFloat64({s})', float_literal(lo), float_literal(hi))})")
 
 
 def _hull(*ivs: Interval | None) -> Interval | None:
@@ -143,11 +154,11 @@ def _column(b: _Bounder, n: exp.Column) -> Bounded:
     col = quote_ident(n.name)
     typ = base_type(b.entry.columns.get(n.name, ""))
     if date_kind(typ) is not None:  # Date/DateTime as its number: days / seconds since the epoch
-        return (lo, hi), f"least(greatest(toFloat64(toInt64({col})), {float_literal(lo)}), {float_literal(hi)})"
+        return (lo, hi), clamp_sql(f"toFloat64(toInt64({col}))", float_literal(lo), float_literal(hi))
     if is_integer_type(typ) and typ not in _WIDE_INTS:
-        return (lo, hi), f"least(greatest({col}, {float_literal(lo)}), {float_literal(hi)})"
+        return (lo, hi), clamp_sql(col, float_literal(lo), float_literal(hi))
     if is_integer_type(typ):  # no common type of Int64/UInt64 and Float64: clip in Float64
-        return (lo, hi), f"least(greatest(toFloat64({col}), {float_literal(lo)}), {float_literal(hi)})"
+        return (lo, hi), clamp_sql(f"toFloat64({col})", float_literal(lo), float_literal(hi))
     return (lo, hi), clip_float_sql(col, lo, hi)
 
 
@@ -253,7 +264,10 @@ def _extreme(b: _Bounder, n: exp.Expression, name: str, pick: Callable) -> Bound
         b.nullable = True
         return None, "NULL"
     iv = (pick(i[0] for i in ivs), pick(i[1] for i in ivs))  # type: ignore[index]
-    return iv, f"{name}({', '.join(p[1] for p in parts)})"
+    call = f"{name}({', '.join(p[1] for p in parts)})"
+    if b.nullable:  # NULL if an argument is NULL, as the interval assumes (ClickHouse's ignores it: clamp_sql)
+        call = f"if({' OR '.join(f'isNull({p[1]})' for p in parts)}, NULL, {call})"
+    return iv, call
 
 
 def _least(b: _Bounder, n: exp.Expression) -> Bounded:
@@ -541,8 +555,7 @@ def _length(b: _Bounder, n: exp.Expression) -> Bounded:
                        f"declare them in the catalog, e.g. db.catalog.update({b.entry.table!r}, "
                        f"bounds={{{length_bound_key(arg.name)!r}: (0, hi)}})")
     # UInt64 has no common type with Float64: convert first (a length is far below 2^53)
-    return (lo, hi), (f"least(greatest(toFloat64({fname}({quote_ident(arg.name)})), {float_literal(lo)}), "
-                      f"{float_literal(hi)})")
+    return (lo, hi), clamp_sql(f"toFloat64({fname}({quote_ident(arg.name)}))", float_literal(lo), float_literal(hi))
 
 
 def _predicate(b: _Bounder, n: exp.Expression) -> Bounded:

@@ -15,7 +15,7 @@ from ..bind import AggCall, BoundQuery, aggregate_refs, sql_of
 from ..cost import MechanismCost, PrivacyCost
 from ..errors import InvalidParameter, QueryRejected
 from ..mechanisms import QUANTILE_BUCKETS, GaussianMechanism, LaplaceMechanism
-from .bounds import Interval, bound_expression, clip_float_sql, expr_nullable, float_literal
+from .bounds import Interval, bound_expression, clamp_sql, clip_float_sql, expr_nullable, float_literal
 from .gaussian import vector_gaussian_sigma
 from .key_domains import key_domain
 from .model import AggregatePlan, Bounding, KeyDomain, Plan, Quantity, Selection
@@ -99,8 +99,8 @@ class _Planner:
         lo_u = int(round((lo - centre) / g))
         hi_u = int(round((hi - centre) / g))
         inv = 1.0 / g  # exact: g is a power of two
-        units = (f"least(greatest(toInt64(round(({value_sql} - {float_literal(centre)}) * {float_literal(inv)})), "
-                 f"{lo_u}), {hi_u})")
+        units = clamp_sql(f"toInt64(round(({value_sql} - {float_literal(centre)}) * {float_literal(inv)}))",
+                          str(lo_u), str(hi_u))  # a NULL value stays NULL (then 0 below)
         row = units if cond_sql is None else f"if({cond_sql}, {units}, 0)"
         if nullable:
             row = f"ifNull({row}, 0)"
