@@ -72,6 +72,11 @@ def _resolve(select, col: exp.Column, _seen, exclude=None) -> set[str]:
         own = _projection(select, name)
         if own is not None and not (isinstance(own, exp.Column) and own.name == name):
             return expr_deps(select, own, _seen, exclude=name)
+    if not col.table:  # ClickHouse's scalar `WITH <expr> AS name` (the released values)
+        w = select.args.get("with_")
+        for cte in (w.expressions if w else []):
+            if cte.args.get("scalar") and cte.alias_or_name == name:
+                return expr_deps(select, cte.this, _seen)
     candidates = [s for a, s in srcs.items() if not col.table or a == col.table]
     deps: set[str] = set()
     found = False
