@@ -83,3 +83,21 @@ def test_the_kept_rows_are_no_biased_sample(sdb):
         plan = prepare(sdb, f"SELECT median(price) AS m FROM {DB}.p", epsilon=1.0).plan
         got = float(sdb.raw_query(rewrite_for_sensitivity_check(plan).sql)["m"].iloc[0])
         assert abs(got - true) <= 3.0, (got, true)
+
+
+def test_an_analysts_least_greatest_passes_null_through(sdb):
+    """SUM(greatest(price, 50)): a NULL price stays out of the sum (the interval [50, 100] that bounds
+    the argument assumes NULL in, NULL out; ClickHouse's own greatest would make it 50). One row per
+    unit, so nothing is scaled: the noise-off sum is exactly Σ over non-NULL prices of max(p, 50)."""
+    sdb.command(f"DROP TABLE IF EXISTS {DB}.one")
+    sdb.command(f"CREATE TABLE {DB}.one (user_id UInt64, price Nullable(Float64)) ENGINE = MergeTree ORDER BY user_id")
+    sdb.command(f"INSERT INTO {DB}.one SELECT number, if(number % 2 = 0, NULL, toFloat64(number % 100)) "
+                "FROM numbers(1000)")
+    sdb.catalog.register(f"{DB}.one", privacy_unit="user_id", bounds={"price": (0, 100)}, max_groups_contributed=1,
+                         max_rows_per_unit=1)
+    sdb.ledger.set_budget("tester", f"{DB}.one", epsilon=1e9, delta=0.5)
+    true = float(sdb.raw_query(f"SELECT sum(if(price IS NULL, NULL, greatest(price, 50))) AS s FROM {DB}.one")["s"].iloc[0])
+    assert true == 500 * 50 + sum(max(p, 50) - 50 for p in range(1, 100, 2)) * 10
+    plan = prepare(sdb, f"SELECT SUM(greatest(price, 50)) AS s FROM {DB}.one", epsilon=1.0).plan
+    got = float(sdb.raw_query(rewrite_for_sensitivity_check(plan).sql)["s"].iloc[0])
+    assert got == pytest.approx(true, abs=0.01)
