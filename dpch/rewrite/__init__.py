@@ -31,15 +31,16 @@ pass, as in sqlglot's optimizer):
 3. ``groups``: native aggregation per group (Int64 sums: exact), optionally LEFT JOINed from the
    public key domain (every public key appears, missing ones with 0).
 4. ``selected`` (plans with private partition selection): each group's noisy unit count is drawn
-   and thresholded (``noisy units >= T``) in its own subquery, before anything else is noised;
-   peeling top-n plans then choose among the released groups.
+   in its own subquery, before anything else is noised, and thresholded (``noisy units >= T``) by
+   the WHERE of the level above it; peeling top-n plans then choose among the released groups.
 5. ``noised``: every other released quantity through ``dpch_laplace_int``/``dpch_gaussian_int``
-   exactly once (for the selected groups only), then ``released``: aggregate values computed from
-   the noisy quantities (AVG = centre + g·S/max(N, 1) clamped, VAR/STDDEV from centred sums,
-   counts clamped at 0): post-processing.
-6. outer query: the analyst's output expressions, HAVING (as a filter on released values), ORDER BY
-   and LIMIT over released values only, plus the internal noisy quantities ``__dp_n<i>`` that the
-   post-processing stage uses for confidence intervals and then drops.
+   exactly once (for the selected groups only).
+6. outer query: ``WITH`` the released values, aggregate values computed from the noisy quantities
+   (AVG = centre + g·S/max(N, 1) clamped, VAR/STDDEV from centred sums, counts clamped at 0:
+   post-processing), then the analyst's output expressions, HAVING (as a filter on released
+   values), ORDER BY and LIMIT over released values only, plus the internal noisy quantities
+   ``__dp_n<i>`` that the post-processing stage uses for confidence intervals and then drops.
+   No level only passes columns through (each costs ClickHouse's analysis: docs/PERFORMANCE.md).
 
 The secret salt only appears in ``Rewritten.sql`` (what runs); ``Rewritten.display_sql`` (what
 explain shows) has ``<secret salt>`` instead.
