@@ -10,8 +10,10 @@ nullable with drawn NULLs: NULL handling is where the engine's semantics moved u
 2026-11-29, found by this kind of comparison).
 
 Compared per released group: COUNT(*), COUNT(x), countIf, COUNT(DISTINCT), SUM/AVG (the fixed-point
-grid rounds each row to g/2 at most: |error| <= rows · g, g <= 2^-12 for these bounds, so 0.05 for a
-sum and 1e-3 for an average bound it), MIN/MAX and quantiles (the bucket of the 2^16-bucket grid
+grid rounds each row to g/2 at most: |error| <= rows · g/2 with g <= 2^-10 for these bounds and
+expressions, at most 72 rows, so 0.05 for a sum and 1e-3 for an average bound it), the same over
+derived row expressions (abs, least/greatest, if, coalesce, nullIf, round, pow, sqrt, products,
+intDiv, multiIf: the bounder's SQL must mean what ClickHouse's does), MIN/MAX and quantiles (the bucket of the 2^16-bucket grid
 that holds the true value, the lower empirical quantile: within one bucket width), uniqIf. A public key with no rows is released with COUNT 0 (the
 plain query has no such row)."""
 from __future__ import annotations
@@ -49,6 +51,16 @@ AGGS = [
     # from the centred sums of x and x² (post-processing), exact on integer-valued data up to float rounding
     ("VAR_POP(x)", None, "moment"), ("STDDEV_SAMP(z)", None, "moment"),
 ]
+
+
+# row expressions under SUM and AVG, each with ClickHouse's exact equivalent where it differs: in a DP
+# query least/greatest return NULL for a NULL argument (the interval that bounds them assumes so),
+# ClickHouse's ignore it
+EXPRS = [("abs(x - 50)", None), ("least(x, 100) + 1", "if(x IS NULL, NULL, least(x, 100)) + 1"),
+         ("greatest(z, 0)", "if(z IS NULL, NULL, greatest(z, 0))"), ("if(y > 10, x, 0)", None), ("coalesce(x, 0)", None),
+         ("nullIf(y, 0)", None), ("round(z / 3, 1)", None), ("pow(x, 2)", None), ("sqrt(abs(z))", None),
+         ("x * y", None), ("intDiv(y, 3)", None), ("multiIf(y < 10, 1, y < 20, 2, 3)", None)]
+AGGS += [(f"{f}({e})", f"{f}({p})" if p else None, kind) for e, p in EXPRS for f, kind in (("SUM", "sum"), ("AVG", "avg"))]
 
 
 def _exact(plain: str) -> str:
