@@ -101,3 +101,21 @@ def test_an_analysts_least_greatest_passes_null_through(sdb):
     plan = prepare(sdb, f"SELECT SUM(greatest(price, 50)) AS s FROM {DB}.one", epsilon=1.0).plan
     got = float(sdb.raw_query(rewrite_for_sensitivity_check(plan).sql)["s"].iloc[0])
     assert got == pytest.approx(true, abs=0.01)
+
+
+def test_a_repeated_value_takes_one_place_in_a_distinct_count(sdb):
+    """COUNT(DISTINCT v) keeps each unit's first r DISTINCT values: 200 units, each with the value 'a'
+    50 times and 4 values of its own, r = 5, so every unit keeps all its 5 values and the noise-off
+    count is exactly 1 + 800, for any salt. Keeping rows instead, a unit whose 'a' ranks before some
+    of its own values kept 'a' several times and lost them (probability 4/5 per unit)."""
+    sdb.command(f"DROP TABLE IF EXISTS {DB}.rep")
+    sdb.command(f"CREATE TABLE {DB}.rep (user_id UInt64, v String) ENGINE = MergeTree ORDER BY user_id")
+    sdb.command(f"INSERT INTO {DB}.rep SELECT u, if(j < 50, 'a', concat('own', toString(u), '_', toString(j))) "
+                "FROM (SELECT number AS u, arrayJoin(range(54)) AS j FROM numbers(200))")
+    sdb.catalog.register(f"{DB}.rep", privacy_unit="user_id", max_groups_contributed=1, max_rows_per_unit=5)
+    sdb.ledger.set_budget("tester", f"{DB}.rep", epsilon=1e9, delta=0.5)
+    for i in range(SALTS):
+        if i:
+            sdb.catalog.update(f"{DB}.rep", rotate_salt=True)
+        plan = prepare(sdb, f"SELECT COUNT(DISTINCT v) AS d FROM {DB}.rep", epsilon=1.0).plan
+        assert int(sdb.raw_query(rewrite_for_sensitivity_check(plan).sql)["d"].iloc[0]) == 801

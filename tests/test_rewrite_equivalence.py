@@ -259,8 +259,8 @@ def test_quantile_rows_kept_equal_reference(edb, sql, opts):
      {"max_groups_contributed": 3, "max_rows_per_unit": 7, "max_rows_per_group": 2}),
 ])
 def test_count_distinct_equals_reference(edb, sql, opts):
-    """COUNT(DISTINCT v) keeps, per kept group of a unit, its first r rows (r: the row caps of the
-    rule above) in the unit's own order: (the top 63 bits of intHash64(keyed value hash XOR the unit's
+    """COUNT(DISTINCT v) keeps, per kept group of a unit, its first r distinct values (r: the row caps
+    of the rule above; a value repeated by the unit takes one place) in the unit's own order: (the top 63 bits of intHash64(keyed value hash XOR the unit's
     salted hash), NULL values last; then the value hash), and counts the distinct non-NULL values of
     the kept rows per group. The rewriter packs (order, value hash, not-NULL bit) into one UInt128
     and counts distinct value hashes; the reference sorts the triples in Python and counts the values
@@ -292,8 +292,8 @@ def test_count_distinct_equals_reference(edb, sql, opts):
             key = tuple(_norm(grp[f"k{j}"].iloc[0][0]) for j in range(len(keys)))
             for i in range(len(rw.quant_qs)):
                 vals = [_norm(t[0]) for t in grp[f"v{i}"]]
-                triples = sorted(zip(grp[f"vo{i}"].astype(np.uint64), grp[f"vh{i}"].astype(np.uint64), vals),
-                                 key=lambda t: (int(t[0]), int(t[1]), t[2] is not None))[:r]
+                triples = sorted(set(zip(grp[f"vo{i}"].astype(np.uint64), grp[f"vh{i}"].astype(np.uint64), vals)),
+                                 key=lambda t: (int(t[0]), int(t[1]), t[2] is not None))[:r]  # distinct values
                 ref.setdefault((key, i), set()).update(v for _, _, v in triples if v is not None)
     got = edb.raw_query(rw._salted(rw.groups_sql()))
     checked = 0

@@ -125,7 +125,7 @@ class BoundingStages:
         sq = [f"__dp_sq{i}" for i in range(len(pairs))]
         if not self.nk:
             return [("__dp_c", "toInt64(count())")] + [(f"__dp_s{i}", f"sum({r})") for i, r in enumerate(res)] + \
-                list(zip(sq, [f"groupArraySorted({cap})({p})" for p in pairs]))
+                list(zip(sq, [f"{self._sample_function(q)}({cap})({p})" for q, p in zip(self.quant_qs, pairs)]))
         if key_hash:
             out = [("__dp_mh", f"min({h})")]
         else:
@@ -133,7 +133,17 @@ class BoundingStages:
         packed = [f"sumArgMin({_packed_row(r)}, {h})" for r in res]
         out.append(("__dp_c", _unpack_count(packed[0]) if packed else f"toInt64(countArgMin({h}))"))
         out += [(f"__dp_s{i}", _unpack_sum(a)) for i, a in enumerate(packed)]
-        return out + list(zip(sq, [f"groupArraySortedArgMin({cap})({p}, {h})" for p in pairs]))
+        return out + list(zip(sq, [f"{self._sample_function(q)}ArgMin({cap})({p}, {h})"
+                                   for q, p in zip(self.quant_qs, pairs)]))
+
+    @staticmethod
+    def _sample_function(q: Quantity) -> str:
+        """The aggregate that keeps a unit's sample for ``q``, its first r in the unit's order:
+        rows for a quantile (each row weighs in the histogram), distinct values for a distinct
+        count (-Distinct: a value repeated by one unit takes one place, not one per row; with
+        rows, SearchPhrase's repeats lost 8.7 % of its distinct values at 1 M rows, ClickBench,
+        bench/RESULTS.md). Either way the unit adds at most r values: the sensitivity is the same."""
+        return "groupArraySortedDistinct" if q.kind == "distinct" else "groupArraySorted"
 
     def _rq_columns(self) -> list[str]:
         """The rows stage's column of each quantile/distinct quantity: quantities with the same row
@@ -267,7 +277,7 @@ class BoundingStages:
             k, C, M = b.k, b.rows_per_group, b.max_rows
             stage1_cols = ["__dp_u", "__dp_h"] + ([] if kh else [f"any(__dp_rk{j}) AS {self._k(j)}" for j in range(self.nk)]) + \
                 ["toInt64(count()) AS __dp_c"] + [f"sum(__dp_re{i}) AS __dp_s{i}" for i in range(len(self.row_qs))] + \
-                [f"groupArraySorted({C})({self._pair(q, c, '__dp_u')}) AS __dp_sq{i}"
+                [f"{self._sample_function(q)}({C})({self._pair(q, c, '__dp_u')}) AS __dp_sq{i}"
                  for i, (q, c) in enumerate(zip(self.quant_qs, self.rq_columns))]
             stage1 = f"SELECT {', '.join(stage1_cols)}\nFROM (\n{_indent(rows_sql)}\n)\nGROUP BY __dp_u, __dp_h"
             # per unit: its k groups with the smallest keyed hashes, in hash order: one array per

@@ -61,7 +61,7 @@ ROWS = "count()"
 MUTATION_NUMBER = "toUInt64OrZero(extract(mutation_id, '[0-9]+'))"
 # the aggregate functions the per-unit stage uses (bounding.BoundingStages._per_unit_named)
 _AGGREGATES = frozenset({"count", "sum", "min", "argMin", "countArgMin", "sumArgMin", "groupArraySorted",
-                         "groupArraySortedArgMin"})
+                         "groupArraySortedArgMin", "groupArraySortedDistinct", "groupArraySortedDistinctArgMin"})
 _LOOKUP_TTL_S = 10.0  # how long a process trusts its list of a table's per-unit tables
 
 
