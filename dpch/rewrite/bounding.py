@@ -164,7 +164,8 @@ class BoundingStages:
             return self._hashed_bucket(value_sql, unit_sql=unit_sql)
         # a distinct value: its keyed hash vh (tuple() makes a NULL value hashable) and a not-NULL
         # bit, packed as one UInt128 after the unit's order key: order·2^65 + vh·2 + bit, with
-        # order = the top 63 bits of _row_order (NULL last). A unit keeps the rows that come first;
+        # order = the top 63 bits of _row_order (NULL last). A unit keeps the distinct values that
+        # come first (_sample_function);
         # the group stage counts distinct vh of non-NULL values, which equals the distinct values
         # unless two of them collide (the count is then lower; a unit still adds at most its kept
         # hashes, so the sensitivity is unchanged). A number sorts ~4x faster than a tuple holding a
