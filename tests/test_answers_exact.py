@@ -109,7 +109,7 @@ def xdb(db):
     return db
 
 
-def _literal(v) -> str:
+def sql_literal(v) -> str:
     return "NULL" if v is None else repr(v)
 
 
@@ -118,7 +118,7 @@ def _load(db, rows) -> None:
     db.command(f"CREATE TABLE {DB}.t (user_id UInt64, g String, x Nullable(Float64), y Int32, z Nullable(Float64), "
                "d Nullable(Date)) "
                "ENGINE = MergeTree ORDER BY user_id")
-    values = ", ".join(f"({u}, '{g}', {_literal(x)}, {y}, {_literal(z)}, "
+    values = ", ".join(f"({u}, '{g}', {sql_literal(x)}, {y}, {sql_literal(z)}, "
                        f"{'NULL' if d is None else f'toDate({DAY0 + d})'})" for u, g, x, y, z, d in rows)
     db.command(f"INSERT INTO {DB}.t VALUES {values}")
     db.catalog.register(f"{DB}.t", privacy_unit="user_id", bounds=BOUNDS, max_groups_contributed=1,
@@ -126,19 +126,40 @@ def _load(db, rows) -> None:
     db.ledger.set_budget("tester", f"{DB}.t", epsilon=1e9, delta=0.5)
 
 
-def _close(kind: str, got: float, want: float, lo_hi: tuple[float, float] | None) -> bool:
-    if kind == "count":
+def close(kind: str, got: float, want: float, lo_hi: tuple[float, float] | None = None) -> bool:
+    """Whether a noise-off value matches the exact one, by the tolerances of the module docstring."""
+    if kind in ("count", "day"):
         return got == want
     if kind == "sum":
         return abs(got - want) <= 0.05
     if kind == "avg":
         return abs(got - want) <= 1e-3
-    if kind == "day":
-        return got == want
     if kind == "moment":
         return abs(got - want) <= 1e-6 * max(1.0, abs(want)) + 1e-3
     width = (lo_hi[1] - lo_hi[0]) / 65536  # type: ignore[index]
     return abs(got - want) <= width
+
+
+def assert_same_answers(sql: str, got, plain, keys, aggs, lo_hi_of=lambda a: None) -> None:
+    """DPCH's noise-off answer ``got`` against ClickHouse's exact ``plain``, group by group (column
+    ``k``; ``keys``: the public domain it must release, None for an ungrouped query). ``aggs``: (the
+    aggregate's text, its kind) of the columns v0, v1, …; ``lo_hi_of``: the bounds of a "bucket"."""
+    want = {(r["k"] if keys is not None else ()): r for _, r in plain.iterrows()}
+    have = {(r["k"] if keys is not None else ()): r for _, r in got.iterrows()}
+    if keys is not None:
+        assert set(have) == set(keys), sorted(have)  # every public key, with or without rows
+    for k, row in have.items():
+        for i, (a, kind) in enumerate(aggs):
+            v = row[f"v{i}"]
+            if k not in want:  # a public key without rows in the plain answer
+                if kind == "count":
+                    assert v == 0, (sql, k, a, v)
+                continue
+            w = want[k][f"v{i}"]
+            if pd.isna(w):
+                continue  # AVG/MIN/MAX of no value: ClickHouse says NaN or NULL, DPCH releases a number
+            g = float((pd.Timestamp(v) - pd.Timestamp(DATE_EPOCH)).days if kind == "day" else v)
+            assert close(kind, g, float(w), lo_hi_of(a) if kind == "bucket" else None), (sql, k, a, g, float(w))
 
 
 def _bounds_of(expr: str) -> tuple[float, float]:
@@ -159,20 +180,4 @@ def test_noise_off_answer_is_the_plain_answer(xdb, rows, q):
     plain = xdb.raw_query(exact)
     plan = prepare(xdb, sql, epsilon=1.0).plan
     got = xdb.raw_query(rewrite_for_sensitivity_check(plan).sql)
-    want = {(r["k"] if grouped else ()): r for _, r in plain.iterrows()}
-    have = {(r["k"] if grouped else ()): r for _, r in got.iterrows()}
-    if grouped:
-        assert set(have) == set(GROUPS), sorted(have)  # every public key, with or without rows
-    for k, row in have.items():
-        for i, (a, _, kind) in enumerate(aggs):
-            v = row[f"v{i}"]
-            if k not in want:  # a public key without rows in the plain answer
-                if kind == "count":
-                    assert v == 0, (sql, k, a, v)
-                continue
-            w = want[k][f"v{i}"]
-            if pd.isna(w):
-                continue  # AVG/MIN/MAX of no value: ClickHouse says NaN or NULL, DPCH releases a number
-            g = float((pd.Timestamp(v) - pd.Timestamp(DATE_EPOCH)).days if kind == "day" else v)
-            lo_hi = _bounds_of(a) if kind == "bucket" else None
-            assert _close(kind, g, float(w), lo_hi), (sql, k, a, g, float(w))
+    assert_same_answers(sql, got, plain, GROUPS if grouped else None, [(a, kind) for a, _, kind in aggs], _bounds_of)

@@ -43,11 +43,11 @@ def sdb(db):
     return db
 
 
-def _salts(db):
-    """Yield SALTS times, a new salt each time (a catalog update with rotate_salt)."""
+def _salts(db, table: str = f"{DB}.p"):
+    """Yield SALTS times, ``table`` with a new salt each time (a catalog update with rotate_salt)."""
     for i in range(SALTS):
         if i:
-            db.catalog.update(f"{DB}.p", rotate_salt=True)
+            db.catalog.update(table, rotate_salt=True)
         yield i
 
 
@@ -117,8 +117,6 @@ def test_a_repeated_value_takes_one_place_in_a_distinct_count(sdb):
                 "FROM (SELECT number AS u, arrayJoin(range(54)) AS j FROM numbers(200))")
     sdb.catalog.register(f"{DB}.rep", privacy_unit="user_id", max_groups_contributed=1, max_rows_per_unit=5)
     sdb.ledger.set_budget("tester", f"{DB}.rep", epsilon=1e9, delta=0.5)
-    for i in range(SALTS):
-        if i:
-            sdb.catalog.update(f"{DB}.rep", rotate_salt=True)
+    for _ in _salts(sdb, f"{DB}.rep"):
         plan = prepare(sdb, f"SELECT COUNT(DISTINCT v) AS d FROM {DB}.rep", epsilon=1.0).plan
         assert int(sdb.raw_query(rewrite_for_sensitivity_check(plan).sql)["d"].iloc[0]) == 801
